@@ -1,0 +1,88 @@
+"""One validated configuration object for the engine.
+
+Every knob of Prism lives here with its default. `config.pbtxt` parameters (strings, as Triton
+hands them over) and CLI flags are both turned into an `EngineConfig` through `from_parameters`,
+so a default is written down exactly once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+PRECISIONS = ("int8", "fp32")
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful decision assistant. Read the material and answer the question "
+    "with the letter of the single best option."
+)
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    precision: str = "fp32"
+    max_candidates: int = 16  # tasks with more options take the full-vocabulary fallback
+    max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
+    max_tasks_per_request: int = 32
+    tp_size: int = 1
+    num_threads: int = 0  # 0: leave torch's default
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision != "fp32":
+            raise ConfigError(
+                f"precision {self.precision!r} is not implemented yet in this build; use 'fp32'"
+            )
+        if not 2 <= self.max_candidates <= self.max_options:
+            raise ConfigError(
+                f"max_candidates must be between 2 and {self.max_options}, got {self.max_candidates}"
+            )
+        if self.max_tasks_per_request < 1:
+            raise ConfigError(f"max_tasks_per_request must be >= 1, got {self.max_tasks_per_request}")
+        if self.tp_size != 1:
+            raise ConfigError(f"tp_size {self.tp_size} is not supported yet; only tp_size 1 runs")
+        if self.num_threads < 0:
+            raise ConfigError(f"num_threads must be >= 0, got {self.num_threads}")
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> "EngineConfig":
+        """Build from string parameters (Triton `config.pbtxt` or CLI).
+
+        `model_dir` may be relative: it resolves against `base_dir` (the Triton model's own
+        directory), never against the process's working directory. The environment variable
+        PRISM_MODEL_DIR overrides it, for containers that mount weights elsewhere.
+        """
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {unknown}; known: {sorted(known)}")
+        values: dict[str, object] = {}
+        for name, raw in params.items():
+            if "${" in str(raw):
+                raise ConfigError(f"parameter {name!r} still holds the unfilled template {raw!r}")
+            kind = known[name].type
+            if kind == "int":
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise ConfigError(f"parameter {name!r} must be an integer, got {raw!r}") from None
+            else:
+                values[name] = raw
+        model_dir = os.environ.get("PRISM_MODEL_DIR") or values.get("model_dir")
+        if not model_dir:
+            raise ConfigError("parameter 'model_dir' is required: a Hugging Face checkpoint directory")
+        model_dir = Path(model_dir)
+        if not model_dir.is_absolute() and base_dir is not None:
+            model_dir = Path(base_dir) / model_dir
+        values["model_dir"] = model_dir.resolve()
+        return cls(**values)
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,52 @@
+"""The tokenizer step: raw request fields -> tasks + segment token ids.
+
+Used by the `prism_tokenizer` Triton model, by `DecisionPipeline`, by the tests and benchmarks, so
+the prompt is defined in exactly one place (prompt.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import EngineConfig
+from .errors import RequestError
+from .loader import load_hf_config, spec_from_config
+from .prompt import EncodedRequest, PromptBuilder
+from .tasks import Task, TaskRegistry
+
+
+def decode_text(value, field: str) -> str:
+    """A BYTES element as text; invalid UTF-8 is the caller's error."""
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"'{field}' is not valid UTF-8 (byte {exc.start})") from None
+
+
+class Frontend:
+    def __init__(self, config: EngineConfig, registry_path: Path):
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.registry = TaskRegistry.from_file(registry_path, config.max_options)
+        tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        max_context = spec_from_config(load_hf_config(config.model_dir)).max_context
+        self.prompts = PromptBuilder(tokenizer, max_context, config.max_options)
+
+    def parse_tasks(self, specs: list) -> list[Task]:
+        if not specs:
+            raise RequestError("no tasks: give at least one element in 'tasks'")
+        if len(specs) > self.config.max_tasks_per_request:
+            raise RequestError(
+                f"{len(specs)} tasks in one request; the limit is {self.config.max_tasks_per_request}"
+            )
+        return [self.registry.parse(decode_text(s, "tasks"), self.config.max_options) for s in specs]
+
+    def encode(self, material, task_specs: list, system=None) -> tuple[EncodedRequest, list[Task]]:
+        material = decode_text(material, "material")
+        system = self.config.system_prompt if system is None else decode_text(system, "system")
+        if "\x00" in material:
+            raise RequestError("'material' contains NUL bytes; binary data cannot be a document")
+        tasks = self.parse_tasks(task_specs)
+        return self.prompts.encode(system, material, tasks), tasks

@@ -1,0 +1,218 @@
+"""Load a local Hugging Face checkpoint (config.json + safetensors) into plain tensors.
+
+Supported: Llama (SmolLM2, Llama-3 RoPE scaling), Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm);
+tied or untied embeddings; grouped-query attention. The config is parsed by transformers'
+AutoConfig and the rotary frequencies come from transformers' own rotary-embedding class for the
+architecture, so every RoPE variant those classes know is computed exactly as Hugging Face does.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be served; the message names the file, tensor or field."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_context: int
+    qkv_bias: bool  # Qwen2, or Llama with attention_bias
+    qk_norm: bool  # Qwen3
+    tie_word_embeddings: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # (H,)
+    wqkv: torch.Tensor  # (q_dim + 2 kv_dim, H): q, k and v projections stacked
+    bqkv: torch.Tensor | None  # (q_dim + 2 kv_dim,)
+    q_norm: torch.Tensor | None  # (head_dim,)
+    k_norm: torch.Tensor | None  # (head_dim,)
+    wo: torch.Tensor  # (H, q_dim)
+    post_norm: torch.Tensor  # (H,)
+    w_gate_up: torch.Tensor  # (2 I, H): gate and up stacked
+    w_down: torch.Tensor  # (H, I)
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # (V, H)
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # (H,)
+    lm_head: torch.Tensor  # (V, H); the same storage as `embed` when tied
+    inv_freq: torch.Tensor  # (head_dim / 2,) rotary inverse frequencies
+    rope_scaling: float  # multiplies cos and sin (1.0 except for some RoPE variants)
+
+
+def _rotary_class(model_type: str):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.mistral.modeling_mistral import MistralRotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    return {
+        "llama": LlamaRotaryEmbedding,
+        "mistral": MistralRotaryEmbedding,
+        "qwen2": Qwen2RotaryEmbedding,
+        "qwen3": Qwen3RotaryEmbedding,
+    }[model_type]
+
+
+def load_hf_config(model_dir: Path):
+    from transformers import AutoConfig
+
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"{config_path} not found: model_dir must be a Hugging Face checkpoint directory")
+    model_type = json.loads(config_path.read_text()).get("model_type")
+    if model_type not in SUPPORTED:
+        raise CheckpointError(
+            f"{config_path}: unsupported architecture model_type={model_type!r}; supported: {SUPPORTED}"
+        )
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def spec_from_config(hf) -> ModelSpec:
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    max_context = hf.max_position_embeddings
+    window = getattr(hf, "sliding_window", None)
+    uses_window = getattr(hf, "use_sliding_window", hf.model_type == "mistral")
+    if window and uses_window:
+        # Prism attends over the whole prompt; past the window that would differ from the model.
+        max_context = min(max_context, window)
+    return ModelSpec(
+        model_type=hf.model_type,
+        vocab_size=hf.vocab_size,
+        hidden_size=hf.hidden_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=hf.num_attention_heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        head_dim=head_dim,
+        intermediate_size=hf.intermediate_size,
+        rms_norm_eps=hf.rms_norm_eps,
+        max_context=max_context,
+        qkv_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
+        qk_norm=hf.model_type == "qwen3",
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+    )
+
+
+def _open_tensors(model_dir: Path) -> dict[str, tuple[Path, str]]:
+    """Map tensor name -> safetensors file holding it."""
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir}: no *.safetensors files")
+    where = {}
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                where[name] = path
+    return where
+
+
+class _TensorReader:
+    def __init__(self, model_dir: Path):
+        self.where = _open_tensors(model_dir)
+        self._handles = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        from safetensors import safe_open
+
+        path = self.where.get(name)
+        if path is None:
+            raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
+        if path not in self._handles:
+            self._handles[path] = safe_open(path, framework="pt")
+        tensor = self._handles[path].get_tensor(name)
+        if tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        return tensor.to(torch.float32).contiguous()
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+
+def load_model(model_dir: Path) -> tuple[ModelSpec, ModelWeights]:
+    model_dir = Path(model_dir)
+    hf = load_hf_config(model_dir)
+    spec = spec_from_config(hf)
+    r = _TensorReader(model_dir)
+    H, D, I = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    qkv_rows = spec.q_dim + 2 * spec.kv_dim
+
+    layers = []
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        wqkv = torch.cat([
+            r.get(a + "q_proj.weight", (spec.q_dim, H)),
+            r.get(a + "k_proj.weight", (spec.kv_dim, H)),
+            r.get(a + "v_proj.weight", (spec.kv_dim, H)),
+        ])
+        bqkv = None
+        if spec.qkv_bias:
+            bqkv = torch.cat([
+                r.get(a + "q_proj.bias", (spec.q_dim,)),
+                r.get(a + "k_proj.bias", (spec.kv_dim,)),
+                r.get(a + "v_proj.bias", (spec.kv_dim,)),
+            ])
+        assert wqkv.shape == (qkv_rows, H)
+        layers.append(LayerWeights(
+            input_norm=r.get(p + "input_layernorm.weight", (H,)),
+            wqkv=wqkv,
+            bqkv=bqkv,
+            q_norm=r.get(a + "q_norm.weight", (D,)) if spec.qk_norm else None,
+            k_norm=r.get(a + "k_norm.weight", (D,)) if spec.qk_norm else None,
+            wo=r.get(a + "o_proj.weight", (H, spec.q_dim)),
+            post_norm=r.get(p + "post_attention_layernorm.weight", (H,)),
+            w_gate_up=torch.cat([
+                r.get(p + "mlp.gate_proj.weight", (I, H)),
+                r.get(p + "mlp.up_proj.weight", (I, H)),
+            ]),
+            w_down=r.get(p + "mlp.down_proj.weight", (H, I)),
+        ))
+
+    embed = r.get("model.embed_tokens.weight", (spec.vocab_size, H))
+    if spec.tie_word_embeddings or not r.has("lm_head.weight"):
+        if not spec.tie_word_embeddings:
+            raise CheckpointError("tensor 'lm_head.weight' is missing and the config does not tie embeddings")
+        lm_head = embed
+    else:
+        lm_head = r.get("lm_head.weight", (spec.vocab_size, H))
+
+    rotary = _rotary_class(spec.model_type)(hf)
+    return spec, ModelWeights(
+        embed=embed,
+        layers=layers,
+        final_norm=r.get("model.norm.weight", (H,)),
+        lm_head=lm_head,
+        inv_freq=rotary.inv_freq.to(torch.float32),
+        rope_scaling=float(rotary.attention_scaling),
+    )

@@ -1,0 +1,25 @@
+"""Candidate-only scoring, and the full-vocabulary fallback.
+
+softmax over the candidates' logits equals the full-vocabulary softmax renormalised over the
+candidates (the partition function cancels), so only the candidate rows of the LM head are needed.
+Tasks with more candidates than the cap take the full-vocabulary path; both give the same numbers.
+"""
+from __future__ import annotations
+
+import torch
+
+CANDIDATES = "candidates"
+FULL_VOCABULARY = "full_vocabulary"
+
+
+def score_answer(hidden: torch.Tensor, lm_head: torch.Tensor, candidates: tuple[int, ...], cap: int):
+    """hidden: (H,) final-normed state of one answer position; lm_head: (V, H).
+
+    Returns (probabilities (C,) float32, path name).
+    """
+    index = torch.tensor(candidates, dtype=torch.long)
+    if len(candidates) <= cap:
+        logits = lm_head[index] @ hidden  # (C,)
+        return torch.softmax(logits, dim=-1), CANDIDATES
+    probs = torch.softmax(lm_head @ hidden, dim=-1)[index]  # (C,) out of (V,)
+    return probs / probs.sum(), FULL_VOCABULARY
