@@ -1,0 +1,130 @@
+"""The `prism` command line: serve, decide, setup."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from prism_backend.config import PRECISIONS, ConfigError
+
+from .server import DEFAULT_MODEL_DIR, ServerOptions, TritonServer
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def ensure_model(model_dir: Path) -> Path:
+    """The embedded model is converted on first use; other model dirs must already exist."""
+    if Path(model_dir).resolve() == DEFAULT_MODEL_DIR.resolve():
+        from prism_backend.embedded_model import ensure_embedded_model
+
+        ensure_embedded_model(DEFAULT_MODEL_DIR)
+    return Path(model_dir)
+
+
+def cmd_setup(args) -> int:
+    print(ensure_model(args.model_dir))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    options = ServerOptions(
+        precision=args.precision, instances=args.instances, tp=args.tp,
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+        model_dir=ensure_model(args.model_dir),
+    )
+    if args.tp != 1:
+        raise ConfigError(f"--tp {args.tp}: tensor parallelism is not available yet; use --tp 1")
+    server = TritonServer(options)
+    print(f"prism: starting tritonserver (log: {server.log_path})", file=sys.stderr)
+    server.start()
+    print(f"prism: ready. HTTP localhost:{args.http_port}  gRPC localhost:{args.grpc_port}  "
+          f"metrics http://localhost:{args.metrics_port}/metrics  (Ctrl-C stops)", flush=True)
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop["now"] and server.process.poll() is None:
+            time.sleep(0.5)
+    finally:
+        code = server.stop()
+    print(f"prism: server stopped (exit code {code})", file=sys.stderr)
+    return 0
+
+
+def cmd_decide(args) -> int:
+    from .client import PrismClient, PrismError
+
+    material = Path(args.material).read_text(encoding="utf-8")
+    client = PrismClient(args.url or ("localhost:8001" if args.grpc else "localhost:8000"),
+                         "grpc" if args.grpc else "http")
+    try:
+        decisions = client.decide(material, args.task, system=args.system)
+    except PrismError as exc:
+        print(f"prism: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([d.__dict__ for d in decisions], indent=2))
+        return 0
+    for d in decisions:
+        name = d.task if d.version is None else f"{d.task}@{d.version}"
+        print(f"{name}: {d.label}")
+        for option, p in d.probabilities.items():
+            marker = "*" if option == d.label else " "
+            print(f"  {marker} {p:7.2%}  {'#' * round(p * 30):<30}  {option}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prism", description="Prism decision engine on Triton")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    setup = sub.add_parser("setup", help="convert the embedded model to safetensors (once)")
+    setup.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    setup.set_defaults(func=cmd_setup)
+
+    serve = sub.add_parser("serve", help="start tritonserver on the Prism model repository")
+    serve.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    serve.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
+    serve.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
+                       help="Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+    serve.set_defaults(func=cmd_serve)
+
+    decide = sub.add_parser("decide", help="ask a running server for decisions about a document")
+    decide.add_argument("--material", required=True, help="file holding the document")
+    decide.add_argument("--task", action="append", required=True,
+                        help="registered task (team, severity@1) or inline JSON; repeat for several")
+    decide.add_argument("--system", default=None, help="replace the default system prompt")
+    decide.add_argument("--url", default=None, help="server address (default localhost:8000, gRPC 8001)")
+    decide.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
+    decide.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    decide.set_defaults(func=cmd_decide)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"prism: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""A small typed client for the `prism` ensemble over Triton's HTTP or gRPC protocol (tritonclient)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MODEL_NAME = "prism"
+
+
+class PrismError(RuntimeError):
+    """The server refused or failed a request; `message` is the server's own text."""
+
+    def __init__(self, message: str, status: str | None = None):
+        super().__init__(message if status is None else f"[{status}] {message}")
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Decision:
+    task: str
+    version: int | None
+    label: str
+    probabilities: dict[str, float]
+    scoring: str
+    prompt_ids: list[int] | None = field(default=None, repr=False)
+    candidate_ids: list[int] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Decision":
+        d = json.loads(text)
+        return cls(d["task"], d["version"], d["label"], d["probabilities"], d["scoring"],
+                   d.get("prompt_ids"), d.get("candidate_ids"))
+
+    def probability_array(self) -> np.ndarray:
+        """float32, in option order: bit-identical to what the engine computed."""
+        return np.array(list(self.probabilities.values()), dtype=np.float32)
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode("utf-8")
+
+
+class PrismClient:
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0):
+        if protocol not in ("http", "grpc"):
+            raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        self.protocol = protocol
+        if protocol == "http":
+            import tritonclient.http as tc
+
+            self._client = tc.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
+        else:
+            import tritonclient.grpc as tc
+
+            self._client = tc.InferenceServerClient(url)
+        self._tc = tc
+        self.timeout = timeout
+
+    def _inputs(self, material, tasks, system, return_prompt_ids):
+        tc = self._tc
+
+        def text_input(name, values):
+            array = np.array([_bytes(v) for v in values], dtype=np.object_)
+            tensor = tc.InferInput(name, list(array.shape), "BYTES")
+            tensor.set_data_from_numpy(array)
+            return tensor
+
+        inputs = [text_input("material", [material]), text_input("tasks", list(tasks))]
+        if system is not None:
+            inputs.append(text_input("system", [system]))
+        if return_prompt_ids:
+            flag = tc.InferInput("return_prompt_ids", [1], "BOOL")
+            flag.set_data_from_numpy(np.array([True]))
+            inputs.append(flag)
+        return inputs
+
+    def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
+               return_prompt_ids: bool = False) -> list[Decision]:
+        from tritonclient.utils import InferenceServerException
+
+        inputs = self._inputs(material, tasks, system, return_prompt_ids)
+        try:
+            if self.protocol == "grpc":
+                result = self._client.infer(MODEL_NAME, inputs, client_timeout=self.timeout)
+            else:
+                result = self._client.infer(MODEL_NAME, inputs)
+        except InferenceServerException as exc:
+            raise PrismError(exc.message(), exc.status()) from None
+        return [Decision.from_json(x) for x in result.as_numpy("decisions").reshape(-1)]
+
+    def is_ready(self) -> bool:
+        try:
+            return bool(self._client.is_model_ready(MODEL_NAME))
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,218 @@
+"""Launch a real `tritonserver` on Prism's model repository, without Docker or a GPU.
+
+The server binary, the Python backend and its stub come from the `nvidia-pytriton` wheel (Triton
+Inference Server 2.51). Only this launcher knows that layout; `model_repository/` itself serves
+unchanged from NVIDIA's Triton container. The launcher renders a copy of the repository with the
+chosen parameters (precision, instances, model directory) filled into the config.pbtxt files.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prism_backend.config import PRECISIONS, ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+DEFAULT_MODEL_DIR = REPO_ROOT / ".models" / "SmolLM2-135M-Instruct"
+RUN_DIR = REPO_ROOT / ".run"
+ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
+
+
+@dataclass
+class ServerOptions:
+    precision: str = "fp32"
+    instances: int = 1
+    tp: int = 1
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_dir: Path = DEFAULT_MODEL_DIR
+    extra_parameters: dict[str, str] = field(default_factory=dict)  # prism_decision parameters
+    model_control_explicit: bool = False
+
+    def validate(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.instances < 1:
+            raise ConfigError(f"--instances must be >= 1, got {self.instances}")
+        if self.tp < 1:
+            raise ConfigError(f"--tp must be >= 1, got {self.tp}")
+        ports = (self.http_port, self.grpc_port, self.metrics_port)
+        if len(set(ports)) != 3:
+            raise ConfigError(f"HTTP, gRPC and metrics ports must differ, got {ports}")
+        if not (Path(self.model_dir) / "config.json").exists():
+            raise ConfigError(f"--model-dir {self.model_dir} holds no Hugging Face checkpoint (config.json)")
+
+
+def set_parameter(config_text: str, key: str, value: str) -> str:
+    """Replace the value of an existing `parameters { key: ... }` entry of a config.pbtxt."""
+    pattern = re.compile(r'(parameters\s*\{\s*key:\s*"%s"\s*value:\s*\{\s*string_value:\s*")[^"]*(")' % re.escape(key))
+    new_text, count = pattern.subn(lambda m: m.group(1) + value + m.group(2), config_text)
+    if count != 1:
+        raise ConfigError(f"config.pbtxt has {count} parameter entries for {key!r}; expected exactly 1")
+    return new_text
+
+
+def set_instance_count(config_text: str, count: int) -> str:
+    new_text, n = re.subn(r"(instance_group\s*\[\s*\{\s*count:\s*)\d+", lambda m: m.group(1) + str(count), config_text)
+    if n != 1:
+        raise ConfigError("config.pbtxt must have exactly one instance_group with a count")
+    return new_text
+
+
+def render_model_repository(options: ServerOptions, target: Path) -> Path:
+    """Copy model_repository/ to `target` with the options filled into its config.pbtxt files."""
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(MODEL_REPOSITORY, target, ignore=shutil.ignore_patterns("__pycache__"))
+    model_dir = str(Path(options.model_dir).resolve())
+    for name in ENGINE_MODELS:
+        path = target / name / "config.pbtxt"
+        text = set_parameter(path.read_text(), "model_dir", model_dir)
+        if name == "prism_decision":
+            text = set_parameter(text, "precision", options.precision)
+            text = set_instance_count(text, options.instances)
+            for key, value in options.extra_parameters.items():
+                text = set_parameter(text, key, value)
+        path.write_text(text)
+    return target
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name!r} is not installed; run `make serve` or `make test` to set up")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def triton_install() -> dict[str, Path]:
+    """Where the nvidia-pytriton wheel keeps the server, the Python backend and its stub."""
+    root = _package_dir("pytriton") / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    paths = {
+        "server": root / "bin" / "tritonserver",
+        "backend": root / "backends" / "python",
+        "stub": root / "python_backend_stubs" / version / "triton_python_backend_stub",
+        "caches": root / "caches",
+        "libs": root.parent.parent / "nvidia_pytriton.libs",
+    }
+    for name, path in paths.items():
+        if not path.exists():
+            raise FileNotFoundError(f"Triton {name} not found at {path}")
+    return paths
+
+
+def server_environment(paths: dict[str, Path]) -> dict[str, str]:
+    env = dict(os.environ)
+    # The stub imports this interpreter's packages when its bin/ comes first on PATH, and it must
+    # link this interpreter's own libpython (not the system's) or `import ssl` fails inside models.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    libdirs = [sysconfig.get_config_var("LIBDIR"), str(paths["libs"]), env.get("LD_LIBRARY_PATH", "")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in libdirs if d)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def http_ready(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+class TritonServer:
+    """A tritonserver process serving a rendered copy of Prism's model repository."""
+
+    def __init__(self, options: ServerOptions, workdir: Path | None = None, log_path: Path | None = None):
+        options.validate()
+        self.options = options
+        RUN_DIR.mkdir(exist_ok=True)
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="server-", dir=RUN_DIR))
+        self.log_path = log_path or self.workdir / "tritonserver.log"
+        self.process: subprocess.Popen | None = None
+
+    def _backend_dir(self, paths: dict[str, Path]) -> Path:
+        python_dir = self.workdir / "backends" / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        for source in [*paths["backend"].iterdir(), paths["stub"]]:
+            if source.is_file():
+                link = python_dir / source.name
+                if not link.exists():
+                    link.symlink_to(source)
+        return python_dir.parent
+
+    def command(self) -> list[str]:
+        paths = triton_install()
+        repo = render_model_repository(self.options, self.workdir / "model_repository")
+        o = self.options
+        cmd = [
+            str(paths["server"]),
+            f"--model-repository={repo}",
+            f"--backend-directory={self._backend_dir(paths)}",
+            f"--cache-directory={paths['caches']}",
+            f"--http-port={o.http_port}", f"--grpc-port={o.grpc_port}", f"--metrics-port={o.metrics_port}",
+            "--allow-metrics=true", "--exit-timeout-secs=20",
+        ]
+        if o.model_control_explicit:
+            cmd += ["--model-control-mode=explicit", "--load-model=*"]
+        return cmd
+
+    def start(self, ready_timeout: float = 300.0) -> "TritonServer":
+        cmd = self.command()
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=server_environment(triton_install()),
+            start_new_session=True,  # its own process group: we stop it (and its stubs) explicitly
+        )
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"tritonserver exited with code {self.process.returncode}; last log lines:\n{self.log_tail()}"
+                )
+            if http_ready(self.options.http_port):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; log:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT (graceful: Triton unloads models and ends their stubs), then SIGKILL the group."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        pgid = os.getpgid(self.process.pid)
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.process.wait()
+        try:  # stubs left behind by a crash
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.process.returncode
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,35 @@
+"""Triton adapter for the tokenizer step; the logic lives in prism_backend.serving.TokenizerStep."""
+import json
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from prism_backend.errors import RequestError
+from prism_backend.serving import TokenizerStep, model_parameters
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        model_dir = Path(args["model_repository"])
+        self.step = TokenizerStep(
+            model_parameters(config), model_dir, model_dir / args["model_version"] / "tasks.json"
+        )
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            def get(name):
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                return None if tensor is None else tensor.as_numpy()
+
+            try:
+                out = self.step.run(get("material"), get("tasks"), get("system"))
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in out.items()]))
+            except RequestError as exc:
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)))
+            except Exception as exc:  # a bug: fail this request, keep serving the others
+                pb_utils.Logger.log_error(f"prism_tokenizer: {exc!r}")
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {exc}")))
+        return responses

@@ -1,0 +1,150 @@
+"""The three pipeline steps as plain numpy-in, numpy-out objects.
+
+The Triton `model.py` files only move tensors between `pb_utils` and these classes, so every
+line of request handling here is testable without a server. Tensor layout between the steps
+(a leading 1 is the batch dimension of prism_decision):
+
+    root_ids, trunk_ids      (1, L) int32
+    branch_ids               (1, sum of branch lengths) int32, branches concatenated in task order
+    branch_lengths           (1, T) int32
+    candidate_ids            (1, sum of candidate counts) int32
+    candidate_counts         (1, T) int32
+    task_info                (T,) bytes, JSON per task (decisions.task_info)
+    probabilities            (1, sum of candidate counts) float32
+    scoring_paths            (1, T) bytes
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .config import EngineConfig
+from .decisions import build_decision, task_info
+from .engine import DecisionEngine
+from .errors import RequestError
+from .frontend import Frontend
+from .prompt import EncodedRequest
+
+TOKEN_TENSORS = ("root_ids", "trunk_ids", "branch_ids", "branch_lengths", "candidate_ids", "candidate_counts")
+
+
+def model_parameters(model_config: dict) -> dict[str, str]:
+    """`parameters` of a parsed config.pbtxt as plain strings."""
+    return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
+def _split(flat: np.ndarray, lengths: np.ndarray, what: str) -> list[tuple[int, ...]]:
+    flat, lengths = flat.reshape(-1), lengths.reshape(-1)
+    if (lengths < 0).any() or int(lengths.sum()) != flat.size:
+        raise RequestError(f"{what}: lengths sum to {int(lengths.sum())} but {flat.size} ids were given")
+    out, start = [], 0
+    for n in lengths.tolist():
+        out.append(tuple(flat[start : start + n].tolist()))
+        start += n
+    return out
+
+
+def encoded_to_tensors(enc: EncodedRequest) -> dict[str, np.ndarray]:
+    def row(values):
+        return np.asarray(values, dtype=np.int32).reshape(1, -1)
+
+    return {
+        "root_ids": row(enc.root),
+        "trunk_ids": row(enc.trunk),
+        "branch_ids": row([i for b in enc.branches for i in b]),
+        "branch_lengths": row([len(b) for b in enc.branches]),
+        "candidate_ids": row([i for c in enc.candidates for i in c]),
+        "candidate_counts": row([len(c) for c in enc.candidates]),
+    }
+
+
+def tensors_to_encoded(t: dict[str, np.ndarray]) -> EncodedRequest:
+    missing = [name for name in TOKEN_TENSORS if t.get(name) is None]
+    if missing:
+        raise RequestError(f"missing input tensor(s) {missing}")
+    if t["branch_lengths"].size != t["candidate_counts"].size:
+        raise RequestError(
+            f"branch_lengths has {t['branch_lengths'].size} tasks but candidate_counts has "
+            f"{t['candidate_counts'].size}"
+        )
+    return EncodedRequest(
+        root=tuple(t["root_ids"].reshape(-1).tolist()),
+        trunk=tuple(t["trunk_ids"].reshape(-1).tolist()),
+        branches=tuple(_split(t["branch_ids"], t["branch_lengths"], "branch_ids")),
+        candidates=tuple(_split(t["candidate_ids"], t["candidate_counts"], "candidate_ids")),
+    )
+
+
+def _single(array, name: str, required: bool = True):
+    if array is None:
+        if required:
+            raise RequestError(f"missing input '{name}'")
+        return None
+    if array.size != 1:
+        raise RequestError(f"input '{name}' must have exactly one element, got shape {list(array.shape)}")
+    return array.reshape(-1)[0]
+
+
+class TokenizerStep:
+    def __init__(self, params: dict[str, str], model_base_dir: Path, registry_path: Path):
+        config = EngineConfig.from_parameters(params, base_dir=model_base_dir)
+        self.frontend = Frontend(config, registry_path)
+
+    def run(self, material, tasks, system) -> dict[str, np.ndarray]:
+        """material: (1,) bytes; tasks: (T,) bytes; system: (1,) bytes or None."""
+        if tasks is None:
+            raise RequestError("missing input 'tasks'")
+        enc, parsed = self.frontend.encode(
+            _single(material, "material"), list(tasks.reshape(-1)), _single(system, "system", required=False)
+        )
+        out = encoded_to_tensors(enc)
+        out["task_info"] = np.array([task_info(t).encode() for t in parsed], dtype=np.object_)
+        return out
+
+
+class DecisionStep:
+    def __init__(self, params: dict[str, str], model_base_dir: Path):
+        self.config = EngineConfig.from_parameters(params, base_dir=model_base_dir)
+        self.engine = DecisionEngine(self.config)
+
+    def run(self, batch: list[dict[str, np.ndarray]]):
+        """One dict of token tensors per request -> per request outputs or a RequestError, + stats."""
+        encoded: list[EncodedRequest | RequestError] = []
+        for tensors in batch:
+            try:
+                encoded.append(tensors_to_encoded(tensors))
+            except RequestError as exc:
+                encoded.append(exc)
+        ok = [i for i, e in enumerate(encoded) if not isinstance(e, RequestError)]
+        scored, stats = self.engine.score([encoded[i] for i in ok])
+        results: list = list(encoded)
+        for i, scores in zip(ok, scored):
+            if isinstance(scores, RequestError):
+                results[i] = scores
+                continue
+            results[i] = {
+                "probabilities": np.concatenate([s.probabilities for s in scores]).reshape(1, -1),
+                "scoring_paths": np.array([[s.path.encode() for s in scores]], dtype=np.object_),
+            }
+        return results, stats
+
+
+def postprocess(t: dict[str, np.ndarray]) -> np.ndarray:
+    """Build the `decisions` output, (T,) bytes of JSON."""
+    infos = [json.loads(x) for x in t["task_info"].reshape(-1)]
+    probs = t["probabilities"].reshape(-1)
+    paths = [p.decode() if isinstance(p, bytes) else str(p) for p in t["scoring_paths"].reshape(-1)]
+    counts = t["candidate_counts"].reshape(-1).tolist()
+    want_ids = t.get("return_prompt_ids") is not None and bool(t["return_prompt_ids"].reshape(-1)[0])
+    enc = tensors_to_encoded(t) if want_ids else None
+    decisions, start = [], 0
+    for i, (info, path, n) in enumerate(zip(infos, paths, counts)):
+        decision = build_decision(
+            info, probs[start : start + n], path,
+            enc.prompt_ids(i) if enc else None, list(enc.candidates[i]) if enc else None,
+        )
+        decisions.append(json.dumps(decision).encode())
+        start += n
+    return np.array(decisions, dtype=np.object_)
