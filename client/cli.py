@@ -86,6 +86,17 @@ def cmd_decide(args) -> int:
     return 0
 
 
+def cmd_determinism_check(args) -> int:
+    from .determinism_check import run_check
+
+    url = args.url or ("localhost:8001" if args.grpc else "localhost:8000")
+    ok, rows = run_check(url, "grpc" if args.grpc else "http", rounds=args.rounds)
+    for setting, sent, mismatches in rows:
+        print(f"{setting:<28} {sent:>4} requests  {mismatches} mismatches")
+    print("determinism: bit-identical" if ok else "determinism: MISMATCH")
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prism", description="Prism decision engine on Triton")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     setup.set_defaults(func=cmd_setup)
 
     serve = sub.add_parser("serve", help="start tritonserver on the Prism model repository")
-    serve.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    serve.add_argument("--precision", choices=PRECISIONS, default="int8")
     serve.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
     serve.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
     serve.add_argument("--http-port", type=int, default=8000)
@@ -114,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
     decide.add_argument("--json", action="store_true", help="print JSON instead of a table")
     decide.set_defaults(func=cmd_decide)
+
+    check = sub.add_parser("determinism-check",
+                           help="check a running server returns identical bits however requests are batched")
+    check.add_argument("--url", default=None, help="server address (default localhost:8000, gRPC 8001)")
+    check.add_argument("--grpc", action="store_true")
+    check.add_argument("--rounds", type=int, default=3, help="times each request is sent per concurrency")
+    check.set_defaults(func=cmd_determinism_check)
     return parser
 
 

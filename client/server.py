@@ -32,7 +32,7 @@ ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read mod
 
 @dataclass
 class ServerOptions:
-    precision: str = "fp32"
+    precision: str = "int8"
     instances: int = 1
     tp: int = 1
     http_port: int = 8000

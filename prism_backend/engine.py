@@ -32,7 +32,7 @@ class DecisionEngine:
             torch.set_num_threads(config.num_threads)
         self.spec, weights = load_model(config.model_dir)
         self.lm_head = weights.lm_head
-        self.model = ForestTransformer(self.spec, weights)
+        self.model = ForestTransformer(self.spec, weights, config.precision, config.act_passes)
 
     def validate(self, req: EncodedRequest) -> None:
         """Raise RequestError naming what is wrong with one tokenized request."""

@@ -1,4 +1,4 @@
-"""Row-wise building blocks: RMSNorm, rotary embedding, SwiGLU, linear projection.
+"""Row-wise building blocks: RMSNorm, rotary embedding, SwiGLU (projections live in quant.py).
 
 Each works on one token (one row) at a time, so a token's result never depends on which other
 rows are in the batch.
@@ -15,11 +15,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(variance + eps))
 
 
-def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float):
-    """positions: (N,) -> cos, sin: (N, 1, head_dim), broadcast over heads."""
-    freqs = positions[:, None].float() * inv_freq[None, :]  # (N, head_dim/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (N, head_dim)
-    return (emb.cos() * scaling)[:, None, :], (emb.sin() * scaling)[:, None, :]
+class RotaryTable:
+    """cos and sin of every position, computed once. Looking rows up (instead of evaluating cos/sin
+    over the batch's positions) keeps a token's values independent of how many tokens are packed:
+    vectorised and scalar cos may differ in the last bit, and which one a row gets depends on size."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float, max_positions: int):
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]  # (P, head_dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (P, head_dim)
+        self.cos, self.sin = emb.cos() * scaling, emb.sin() * scaling
+
+    def __call__(self, positions: torch.Tensor):
+        """positions: (N,) -> cos, sin: (N, 1, head_dim), broadcast over heads."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -27,11 +36,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (N, in) @ weight: (out, in)^T -> (N, out)."""
-    return F.linear(x, weight, bias)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

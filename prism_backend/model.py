@@ -10,59 +10,80 @@ import torch
 
 from .attention import answer_attention, tree_attention
 from .forest import Forest
-from .layers import apply_rotary, linear, rms_norm, rotary_cos_sin, swiglu
+from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
 from .loader import LayerWeights, ModelSpec, ModelWeights
+from .quant import make_linear
+
+
+class Projections:
+    """The linear maps of one layer in the chosen precision. `q` and `kv` are the row blocks of
+    `qkv` (quantised per output channel, so they give the same bits as slicing qkv's output)."""
+
+    def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int):
+        def make(weight, bias=None):
+            return make_linear(weight, bias, precision, act_passes)
+
+        w_q, w_kv = lw.wqkv.split([spec.q_dim, 2 * spec.kv_dim])
+        b_q, b_kv = lw.bqkv.split([spec.q_dim, 2 * spec.kv_dim]) if lw.bqkv is not None else (None, None)
+        self.qkv = make(lw.wqkv, lw.bqkv)
+        self.q, self.kv = make(w_q, b_q), make(w_kv, b_kv)
+        self.o = make(lw.wo)
+        self.gate_up = make(lw.w_gate_up)
+        self.down = make(lw.w_down)
 
 
 class ForestTransformer:
-    def __init__(self, spec: ModelSpec, weights: ModelWeights):
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, precision: str = "fp32", act_passes: int = 1):
         self.spec = spec
         self.w = weights
+        self.proj = [Projections(lw, spec, precision, act_passes) for lw in weights.layers]
+        self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
+        if precision != "fp32":  # the projections hold their own quantised copies
+            for lw in weights.layers:
+                lw.wqkv = lw.bqkv = lw.wo = lw.w_gate_up = lw.w_down = None
 
     def _qk_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return x if weight is None else rms_norm(x, weight, self.spec.rms_norm_eps)
 
-    def _mlp_block(self, h: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    def _mlp_block(self, h: torch.Tensor, lw: LayerWeights, p: Projections) -> torch.Tensor:
         n = rms_norm(h, lw.post_norm, self.spec.rms_norm_eps)
-        return h + linear(swiglu(linear(n, lw.w_gate_up)), lw.w_down)
+        return h + p.down(swiglu(p.gate_up(n)))
 
-    def _layer(self, h, lw: LayerWeights, forest: Forest, cos, sin) -> torch.Tensor:
+    def _layer(self, h, lw: LayerWeights, p: Projections, forest: Forest, cos, sin) -> torch.Tensor:
         s = self.spec
         n = rms_norm(h, lw.input_norm, s.rms_norm_eps)
-        qkv = linear(n, lw.wqkv, lw.bqkv)  # (N, q_dim + 2 kv_dim)
+        qkv = p.qkv(n)  # (N, q_dim + 2 kv_dim)
         q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
         q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         attn = tree_attention(q, k, v, forest.segments)  # (N, Hq, D)
-        h = h + linear(attn.reshape(-1, s.q_dim), lw.wo)
-        return self._mlp_block(h, lw)
+        h = h + p.o(attn.reshape(-1, s.q_dim))
+        return self._mlp_block(h, lw, p)
 
-    def _last_layer(self, h, lw: LayerWeights, forest: Forest, cos, sin) -> torch.Tensor:
+    def _last_layer(self, h, lw: LayerWeights, p: Projections, forest: Forest, cos, sin) -> torch.Tensor:
         """Keys/values for every row, everything else for the answer rows only -> (A, H)."""
         s = self.spec
         rows = forest.answer_rows
         n = rms_norm(h, lw.input_norm, s.rms_norm_eps)
-        w_q, w_kv = lw.wqkv.split([s.q_dim, 2 * s.kv_dim])
-        b_q, b_kv = lw.bqkv.split([s.q_dim, 2 * s.kv_dim]) if lw.bqkv is not None else (None, None)
-        k, v = linear(n, w_kv, b_kv).split([s.kv_dim, s.kv_dim], dim=-1)
-        q = linear(n[rows], w_q, b_q)
+        k, v = p.kv(n).split([s.kv_dim, s.kv_dim], dim=-1)
+        q = p.q(n[rows])
         q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         q, k = apply_rotary(q, cos[rows], sin[rows]), apply_rotary(k, cos, sin)
         branches = [seg for seg in forest.segments if seg.is_branch]
         attn = answer_attention(q, k, v, branches)  # (A, Hq, D)
-        h = h[rows] + linear(attn.reshape(-1, s.q_dim), lw.wo)
-        return self._mlp_block(h, lw)
+        h = h[rows] + p.o(attn.reshape(-1, s.q_dim))
+        return self._mlp_block(h, lw, p)
 
     @torch.inference_mode()
     def answer_hidden(self, forest: Forest) -> torch.Tensor:
         """Final-normed hidden state of each unique branch's answer position: (A, H)."""
         h = self.w.embed[forest.token_ids]  # (N, H)
-        cos, sin = rotary_cos_sin(forest.positions, self.w.inv_freq, self.w.rope_scaling)
-        for lw in self.w.layers[:-1]:
-            h = self._layer(h, lw, forest, cos, sin)
-        h = self._last_layer(h, self.w.layers[-1], forest, cos, sin)
+        cos, sin = self.rotary(forest.positions)
+        for lw, p in zip(self.w.layers[:-1], self.proj[:-1]):
+            h = self._layer(h, lw, p, forest, cos, sin)
+        h = self._last_layer(h, self.w.layers[-1], self.proj[-1], forest, cos, sin)
         return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps)

@@ -22,6 +22,7 @@ import numpy as np
 
 from .config import EngineConfig
 from .decisions import build_decision, task_info
+from .determinism import engine_self_check, synthetic_requests
 from .engine import DecisionEngine
 from .errors import RequestError
 from .frontend import Frontend
@@ -108,6 +109,11 @@ class DecisionStep:
     def __init__(self, params: dict[str, str], model_base_dir: Path):
         self.config = EngineConfig.from_parameters(params, base_dir=model_base_dir)
         self.engine = DecisionEngine(self.config)
+        self.self_check_ok, _ = engine_self_check(self._score_ids, synthetic_requests(self.engine.spec.vocab_size))
+
+    def _score_ids(self, requests: list[EncodedRequest]) -> list[list[np.ndarray]]:
+        results, _ = self.engine.score(requests)
+        return [[s.probabilities for s in r] for r in results]
 
     def run(self, batch: list[dict[str, np.ndarray]]):
         """One dict of token tensors per request -> per request outputs or a RequestError, + stats."""

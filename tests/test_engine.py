@@ -73,7 +73,7 @@ def test_fallback_equals_candidate_path(fp32_config):
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_tiny_architectures_match_hf(tiny_model_dir, arch):
     model_dir = tiny_model_dir(arch)
-    pipeline = DecisionPipeline(EngineConfig(model_dir=model_dir), REGISTRY)
+    pipeline = DecisionPipeline(EngineConfig(model_dir=model_dir, precision="fp32"), REGISTRY)
     reference = HFReference(model_dir)
     batch = [MIXED_BATCH[0], MIXED_BATCH[2], MIXED_BATCH[3], MIXED_BATCH[4]]
     _, _, checked = check_against_reference(pipeline, reference, batch)

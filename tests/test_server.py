@@ -115,3 +115,53 @@ def test_cli_reports_server_error(server):
         capture_output=True, text=True,
     )
     assert done.returncode == 1 and "unknown task 'nope'" in done.stderr
+
+
+def scrape(server) -> dict[str, float]:
+    """Prometheus text from the metrics port -> {name{labels}: value} for prism_* series."""
+    with urllib.request.urlopen(f"http://localhost:{server.options.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("prism_"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return values
+
+
+def metric(values: dict[str, float], name: str) -> float:
+    """Sum of a metric over its label sets (instances)."""
+    return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
+
+
+def test_concurrent_callers_share_one_forest(server):
+    """Three callers, one question each about the same ticket: only cross-request batching can
+    make the shared-prefix hit rate positive, since no single request shares anything."""
+    before = scrape(server)
+
+    def ask(task):
+        return http_client(server).decide(SAMPLE_TICKET, [task])[0]
+
+    with ThreadPoolExecutor(3) as pool:
+        for _ in range(4):
+            assert [d.task for d in pool.map(ask, ["team", "reply_time", "severity"])] == \
+                   ["team", "reply_time", "severity"]
+    after = scrape(server)
+    computed = metric(after, "prism_tokens_computed_total") - metric(before, "prism_tokens_computed_total")
+    generic = metric(after, "prism_tokens_generic_total") - metric(before, "prism_tokens_generic_total")
+    assert metric(after, "prism_requests_total") - metric(before, "prism_requests_total") == 12
+    assert computed < generic  # shared material computed once for batched callers
+    batches = metric(after, "prism_execution_batch_size_count") - metric(before, "prism_execution_batch_size_count")
+    assert batches < 12  # fewer execute() calls than requests
+    assert 0 < metric(after, "prism_shared_prefix_hit_rate") < 1
+
+
+def test_standing_metrics_are_exported(server):
+    http_client(server).decide(SAMPLE_TICKET, ["team", "severity"])
+    values = scrape(server)
+    for name in ("prism_requests_total", "prism_tasks_total", "prism_request_errors_total",
+                 "prism_fallback_tasks_total", "prism_candidates_per_task", "prism_determinism_self_check",
+                 "prism_execution_seconds_count", "prism_execution_batch_size_bucket"):
+        assert any(k.startswith(name) for k in values), name
+    assert metric(values, "prism_tasks_total") >= 2
+    assert 2 <= metric(values, "prism_candidates_per_task") <= 26

@@ -1,23 +1,34 @@
 """Triton adapter for the decision step: one execute() = one forest over the whole batch.
 
-The engine lives in prism_backend (DecisionStep -> DecisionEngine); this file only moves tensors.
+The engine lives in prism_backend (DecisionStep -> DecisionEngine); this file only moves tensors
+and reports metrics.
 """
 import json
+import time
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import RequestError
+from prism_backend.metrics import EngineMetrics
 from prism_backend.serving import TOKEN_TENSORS, DecisionStep, model_parameters
+
+
+def make_family(name, description, kind):
+    return pb_utils.MetricFamily(name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind.upper()))
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.step = DecisionStep(model_parameters(config), Path(args["model_repository"]))
-        pb_utils.Logger.log_info(f"prism_decision: ready, {self.step.config}")
+        self.metrics = EngineMetrics(make_family, {"model": args["model_name"], "instance": args["model_instance_name"]})
+        self.metrics.set_self_check(self.step.self_check_ok)
+        check = "bit-identical" if self.step.self_check_ok else "MISMATCH (batch-dependent results)"
+        pb_utils.Logger.log_info(f"prism_decision: ready, {self.step.config}; determinism self-check: {check}")
 
     def execute(self, requests):
+        start = time.perf_counter()
         batch = []
         for request in requests:
             tensors = {}
@@ -26,7 +37,7 @@ class TritonPythonModel:
                 tensors[name] = None if tensor is None else tensor.as_numpy()
             batch.append(tensors)
         try:
-            results, _stats = self.step.run(batch)
+            results, stats = self.step.run(batch)
         except Exception as exc:  # a bug: fail this batch with a clear message, keep serving
             pb_utils.Logger.log_error(f"prism_decision: {exc!r}")
             error = pb_utils.TritonError(f"internal error: {exc}")
@@ -38,4 +49,9 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(str(result), pb_utils.TritonError.INVALID_ARG)))
             else:
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in result.items()]))
+        errors = sum(isinstance(r, RequestError) for r in results)
+        self.metrics.record_batch(stats, len(requests), errors, time.perf_counter() - start)
         return responses
+
+    def finalize(self):
+        self.metrics.close()

@@ -1,0 +1,86 @@
+"""Engine benchmark (no Triton): Prism's forest vs the generic per-question path, in one process.
+
+    .venv/bin/python bench/engine_bench.py [--repeats 7] [--precision fp32]
+
+Engines, all on the same prompts:
+  prism forest      all requests of the workload in one forest, candidate-only scoring
+  prism unshared    the same engine, but each question alone (no shared prefixes)
+  HF generic fp32   Hugging Face transformers, one full forward per question, full-vocabulary softmax
+  HF generic bf16   the same in bfloat16
+Writes a markdown table to bench/results/engine.md and prints it.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import WORKLOADS  # noqa: E402
+
+from prism_backend.config import EngineConfig  # noqa: E402
+from prism_backend.pipeline import DecisionPipeline  # noqa: E402
+from prism_backend.reference import HFReference  # noqa: E402
+from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timed(fn, repeats: int) -> list[float]:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    args = parser.parse_args()
+
+    config = EngineConfig(model_dir=args.model_dir, precision=args.precision)
+    prism = DecisionPipeline(config, MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json")
+    references = {"HF generic fp32": HFReference(args.model_dir, torch.float32),
+                  "HF generic bf16": HFReference(args.model_dir, torch.bfloat16)}
+
+    lines = [f"Engine benchmark: {config.model_dir.name}, prism precision {args.precision}, "
+             f"{torch.get_num_threads()} threads, median of {args.repeats} runs (min-max)", "",
+             "| workload | engine | tokens computed | ms (median) | spread ms | time / prism forest |",
+             "|---|---|---|---|---|---|"]
+    for name, make in WORKLOADS.items():
+        batch = make()
+        results, stats = prism.decide_many(batch, return_prompt_ids=True)
+        prompts = [(d["prompt_ids"], d["candidate_ids"]) for r in results for d in r]
+        singles = [{**r, "tasks": [t]} for r in batch for t in r["tasks"]]
+        runs = {
+            "prism forest": (stats.tokens_computed, lambda: prism.decide_many(batch)),
+            "prism unshared": (stats.tokens_generic, lambda: [prism.decide_many([s]) for s in singles]),
+        }
+        for label, ref in references.items():
+            runs[label] = (stats.tokens_generic,
+                           lambda ref=ref: [ref.candidate_probabilities(p, c) for p, c in prompts])
+        medians = {}
+        for label, (tokens, fn) in runs.items():
+            times = [t * 1000 for t in timed(fn, args.repeats)]
+            medians[label] = statistics.median(times)
+            lines.append(f"| {name} | {label} | {tokens} | {medians[label]:.0f} | "
+                         f"{min(times):.0f}-{max(times):.0f} | {medians[label] / medians['prism forest']:.2f}x |")
+            print(lines[-1], flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"engine_{args.precision}.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The determinism check: the same requests must give the same float32 bytes however they are
+batched. Used by the server's startup self-check, by `prism determinism-check` and by the tests.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+_INLINE = json.dumps({"question": "Does the customer mention money?", "options": ["Yes", "No", "Unclear"]})
+
+# A fixed set: shared tickets, unrelated tickets, registered and inline tasks.
+CHECK_REQUESTS = [
+    {"material": "Checkout fails with error PX-502 for all EU customers since this morning. "
+                 "We lose 4,000 EUR per hour.", "tasks": ["team", "severity", "reply_time"]},
+    {"material": "I was charged twice for my annual plan, please refund one charge.", "tasks": ["team", _INLINE]},
+    {"material": "Checkout fails with error PX-502 for all EU customers since this morning. "
+                 "We lose 4,000 EUR per hour.", "tasks": ["severity"]},
+    {"material": "Could you send a quote for 250 more seats?", "tasks": ["reply_time", "team"]},
+    {"material": "The app crashes when I upload a photo on Android 14.", "tasks": ["severity", _INLINE]},
+]
+
+
+def digest(probabilities: list[np.ndarray]) -> str:
+    """sha256 over the float32 bytes of one request's probabilities, task by task."""
+    h = hashlib.sha256()
+    for p in probabilities:
+        h.update(np.asarray(p, dtype=np.float32).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def batchings(n: int) -> list[tuple[str, list[list[int]]]]:
+    """Ways to batch requests 0..n-1: alone, all together, reversed, interleaved pairs."""
+    everything = list(range(n))
+    return [
+        ("alone", [[i] for i in everything]),
+        ("one batch", [everything]),
+        ("reversed", [everything[::-1]]),
+        ("pairs", [everything[i : i + 2] for i in range(0, n, 2)]),
+        ("odd-even", [everything[1::2] + everything[0::2]]),
+    ]
+
+
+def engine_self_check(score_batch, requests: list) -> tuple[bool, dict[str, list[str]]]:
+    """score_batch(list of requests) -> list of per-request probability lists.
+
+    Returns (all identical, digests per batching in request order)."""
+    results: dict[str, list[str]] = {}
+    for name, groups in batchings(len(requests)):
+        digests: list[str | None] = [None] * len(requests)
+        for group in groups:
+            for i, probs in zip(group, score_batch([requests[i] for i in group])):
+                digests[i] = digest(probs)
+        results[name] = digests
+    reference = results["alone"]
+    return all(d == reference for d in results.values()), results
+
+
+def synthetic_requests(vocab_size: int, seed: int = 0) -> list:
+    """Token-id requests for the decision step's startup self-check (it has no tokenizer):
+    a shared root, two trunks, one shared by two requests, branches of varied lengths."""
+    from .prompt import EncodedRequest
+
+    rng = np.random.RandomState(seed)
+
+    def ids(n):
+        return tuple(int(i) for i in rng.randint(0, vocab_size, n))
+
+    root, trunk_a, trunk_b = ids(24), ids(80), ids(47)
+    cands = tuple(int(i) for i in rng.choice(vocab_size, 4, replace=False))
+    return [
+        EncodedRequest(root, trunk_a, (ids(12), ids(9)), (cands, cands[:2])),
+        EncodedRequest(root, trunk_b, (ids(15),), (cands[:3],)),
+        EncodedRequest(root, trunk_a, (ids(1), ids(20)), (cands, cands[:3])),
+    ]

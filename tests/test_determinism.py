@@ -1,0 +1,90 @@
+"""INT8 path: bit-identical probabilities however requests are batched, and exact integer GEMMs."""
+import numpy as np
+import pytest
+import torch
+
+from prism_backend.determinism import CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests
+from prism_backend.pipeline import DecisionPipeline
+from prism_backend.quant import Int8Linear
+
+from conftest import REGISTRY, SAMPLE_TICKET
+
+
+@pytest.fixture(scope="session")
+def int8_pipeline(fp32_config):
+    return DecisionPipeline(fp32_config.replace(precision="int8"), REGISTRY)
+
+
+def score_texts(pipeline):
+    def score(requests):
+        results, _ = pipeline.decide_many(requests)
+        return [[np.array(list(d["probabilities"].values()), np.float32) for d in r] for r in results]
+    return score
+
+
+def test_int8_bits_do_not_depend_on_batching(int8_pipeline):
+    requests = CHECK_REQUESTS + [{"material": SAMPLE_TICKET, "tasks": ["team", "severity"]}]
+    ok, digests = engine_self_check(score_texts(int8_pipeline), requests)
+    assert ok, digests
+    assert len(set(digests["alone"])) == len(requests)  # different requests, different bits
+
+
+def test_int8_bits_do_not_depend_on_batch_neighbours(int8_pipeline):
+    """One request, packed with 0 to 7 unrelated requests at every position."""
+    score = score_texts(int8_pipeline)
+    target = {"material": "My card was declined twice today.", "tasks": ["team", "severity"]}
+    alone = digest(score([target])[0])
+    fillers = [{"material": f"Unrelated ticket number {i} about printers.", "tasks": ["reply_time"]} for i in range(7)]
+    for n in (1, 3, 7):
+        for position in (0, n // 2, n):
+            batch = fillers[:n]
+            batch.insert(position, target)
+            assert digest(score(batch)[position]) == alone, (n, position)
+
+
+def test_synthetic_self_check_passes_in_int8(int8_pipeline):
+    """The decision step's startup check (token ids, no tokenizer). fp32 is not expected to pass:
+    its float GEMM reduces in an order that depends on the number of rows."""
+    engine = int8_pipeline.engine
+
+    def score(reqs):
+        return [[s.probabilities for s in r] for r in engine.score(reqs)[0]]
+
+    ok, digests = engine_self_check(score, synthetic_requests(engine.spec.vocab_size))
+    assert ok, digests
+
+
+def test_batchings_cover_alone_and_together():
+    names = dict(batchings(4))
+    assert names["alone"] == [[0], [1], [2], [3]] and names["one batch"] == [[0, 1, 2, 3]]
+
+
+def test_int_mm_is_exact_and_row_invariant():
+    torch.manual_seed(0)
+    a = torch.randint(-127, 128, (37, 576), dtype=torch.int8)
+    b = torch.randint(-127, 128, (576, 200), dtype=torch.int8)
+    full = torch._int_mm(a, b)
+    assert torch.equal(full.long(), a.long() @ b.long())
+    for rows in (slice(0, 1), slice(5, 22), slice(36, 37)):
+        assert torch.equal(torch._int_mm(a[rows].contiguous(), b), full[rows])
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_int8_linear_rows_are_batch_invariant_and_close(passes):
+    torch.manual_seed(1)
+    w, bias = torch.randn(96, 64), torch.randn(96)
+    x = torch.randn(33, 64) * torch.linspace(0.1, 8, 64)  # outlier channels
+    lin = Int8Linear(w, bias, passes)
+    full = lin(x)
+    for i in (0, 17, 32):
+        assert torch.equal(lin(x[i : i + 1]), full[i : i + 1])
+    rel = ((full - (x @ w.T + bias)).abs().max() / (x @ w.T).abs().max()).item()
+    assert rel < (0.02 if passes == 1 else 0.006)
+
+
+def test_int8_close_to_fp32_on_the_sample_ticket(int8_pipeline, pipeline):
+    tasks = ["team", "reply_time", "severity"]
+    for q, r in zip(int8_pipeline.decide(SAMPLE_TICKET, tasks), pipeline.decide(SAMPLE_TICKET, tasks)):
+        diff = np.abs(np.array(list(q["probabilities"].values())) - np.array(list(r["probabilities"].values())))
+        assert diff.max() < 0.05
+        assert q["label"] == r["label"]

@@ -1,0 +1,62 @@
+"""Through real servers (int8, 1 and 2 instances): identical float32 bytes alone, batched by Triton
+at concurrency 1, 4 and 8, on any instance, and equal to the in-process engine."""
+import subprocess
+import sys
+
+import pytest
+
+from prism_backend.determinism import CHECK_REQUESTS, digest
+from prism_client.client import PrismClient
+from prism_client.server import ServerOptions, TritonServer
+
+from conftest import free_port
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-instance", "2-instances"])
+def int8_server(request, model_dir):
+    options = ServerOptions(precision="int8", instances=request.param, http_port=free_port(),
+                            grpc_port=free_port(), metrics_port=free_port(), model_dir=model_dir)
+    with TritonServer(options) as server:
+        yield server
+
+
+def test_determinism_check_command(int8_server):
+    done = subprocess.run(
+        [sys.executable, "-m", "prism_client.cli", "determinism-check",
+         "--url", f"localhost:{int8_server.options.http_port}", "--rounds", "2"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "concurrency 8, shuffled" in done.stdout and "determinism: bit-identical" in done.stdout
+
+
+def test_server_bits_equal_in_process_engine(int8_server, int8_pipeline_bits):
+    client = PrismClient(f"localhost:{int8_server.options.grpc_port}", "grpc")
+    remote = [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
+              for r in CHECK_REQUESTS]
+    assert remote == int8_pipeline_bits
+
+
+def test_startup_self_check_logged(int8_server):
+    assert "determinism self-check: bit-identical" in int8_server.log_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def int8_pipeline_bits(fp32_config):
+    from prism_backend.pipeline import DecisionPipeline
+
+    from conftest import REGISTRY
+
+    pipeline = DecisionPipeline(fp32_config.replace(precision="int8"), REGISTRY)
+    results, _ = pipeline.decide_many(CHECK_REQUESTS)
+    import numpy as np
+
+    return [digest([np.array(list(d["probabilities"].values()), np.float32) for d in r]) for r in results]
+
+
+def test_self_check_metric_is_one(int8_server):
+    from test_server import metric, scrape
+
+    values = scrape(int8_server)
+    instances = int8_server.options.instances
+    assert metric(values, "prism_determinism_self_check") == instances  # 1 per instance
