@@ -43,53 +43,60 @@ def _bytes(value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode("utf-8")
 
 
+def _protocol_module(protocol: str):
+    if protocol == "http":
+        import tritonclient.http as tc
+    elif protocol == "grpc":
+        import tritonclient.grpc as tc
+    else:
+        raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+    return tc
+
+
+def build_inputs(tc, material, tasks, system=None, return_prompt_ids=False) -> list:
+    """The `prism` ensemble's input tensors, for tritonclient module `tc` (http or grpc)."""
+
+    def text_input(name, values):
+        array = np.array([_bytes(v) for v in values], dtype=np.object_)
+        tensor = tc.InferInput(name, list(array.shape), "BYTES")
+        tensor.set_data_from_numpy(array)
+        return tensor
+
+    inputs = [text_input("material", [material]), text_input("tasks", list(tasks))]
+    if system is not None:
+        inputs.append(text_input("system", [system]))
+    if return_prompt_ids:
+        flag = tc.InferInput("return_prompt_ids", [1], "BOOL")
+        flag.set_data_from_numpy(np.array([True]))
+        inputs.append(flag)
+    return inputs
+
+
+def parse_decisions(result) -> list[Decision]:
+    return [Decision.from_json(x) for x in result.as_numpy("decisions").reshape(-1)]
+
+
 class PrismClient:
+    """Blocking client. tritonclient's HTTP client is not thread-safe: use one per thread."""
+
     def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0):
-        if protocol not in ("http", "grpc"):
-            raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
-        self.protocol = protocol
+        self.protocol, self.timeout = protocol, timeout
+        self._tc = _protocol_module(protocol)
         if protocol == "http":
-            import tritonclient.http as tc
-
-            self._client = tc.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
+            self._client = self._tc.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
         else:
-            import tritonclient.grpc as tc
-
-            self._client = tc.InferenceServerClient(url)
-        self._tc = tc
-        self.timeout = timeout
-
-    def _inputs(self, material, tasks, system, return_prompt_ids):
-        tc = self._tc
-
-        def text_input(name, values):
-            array = np.array([_bytes(v) for v in values], dtype=np.object_)
-            tensor = tc.InferInput(name, list(array.shape), "BYTES")
-            tensor.set_data_from_numpy(array)
-            return tensor
-
-        inputs = [text_input("material", [material]), text_input("tasks", list(tasks))]
-        if system is not None:
-            inputs.append(text_input("system", [system]))
-        if return_prompt_ids:
-            flag = tc.InferInput("return_prompt_ids", [1], "BOOL")
-            flag.set_data_from_numpy(np.array([True]))
-            inputs.append(flag)
-        return inputs
+            self._client = self._tc.InferenceServerClient(url)
 
     def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
                return_prompt_ids: bool = False) -> list[Decision]:
         from tritonclient.utils import InferenceServerException
 
-        inputs = self._inputs(material, tasks, system, return_prompt_ids)
+        inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
+        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         try:
-            if self.protocol == "grpc":
-                result = self._client.infer(MODEL_NAME, inputs, client_timeout=self.timeout)
-            else:
-                result = self._client.infer(MODEL_NAME, inputs)
+            return parse_decisions(self._client.infer(MODEL_NAME, inputs, **kwargs))
         except InferenceServerException as exc:
             raise PrismError(exc.message(), exc.status()) from None
-        return [Decision.from_json(x) for x in result.as_numpy("decisions").reshape(-1)]
 
     def is_ready(self) -> bool:
         try:
@@ -99,3 +106,39 @@ class PrismClient:
 
     def close(self) -> None:
         self._client.close()
+
+
+class AsyncPrismClient:
+    """asyncio client over tritonclient's aio HTTP or gRPC client."""
+
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0):
+        self.protocol, self.timeout = protocol, timeout
+        self._tc = _protocol_module(protocol)
+        if protocol == "http":
+            import tritonclient.http.aio as aio
+
+            self._client = aio.InferenceServerClient(url, conn_timeout=timeout)
+        else:
+            import tritonclient.grpc.aio as aio
+
+            self._client = aio.InferenceServerClient(url)
+
+    async def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
+                     return_prompt_ids: bool = False) -> list[Decision]:
+        from tritonclient.utils import InferenceServerException
+
+        inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
+        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+        try:
+            return parse_decisions(await self._client.infer(MODEL_NAME, inputs, **kwargs))
+        except InferenceServerException as exc:
+            raise PrismError(exc.message(), exc.status()) from None
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

@@ -105,7 +105,7 @@ def test_cli_decide_prints_table(server):
          "--task", "severity", "--task", "team", "--url", f"localhost:{server.options.http_port}"],
         capture_output=True, text=True, check=True,
     ).stdout
-    assert "severity@1:" in out and "team@1:" in out and "%" in out
+    assert "severity@2:" in out and "team@1:" in out and "%" in out
 
 
 def test_cli_reports_server_error(server):
@@ -165,3 +165,35 @@ def test_standing_metrics_are_exported(server):
         assert any(k.startswith(name) for k in values), name
     assert metric(values, "prism_tasks_total") >= 2
     assert 2 <= metric(values, "prism_candidates_per_task") <= 26
+
+
+def test_task_versions_served_side_by_side(server):
+    client = http_client(server)
+    v1, v2, latest = client.decide(SAMPLE_TICKET, ["severity@1", "severity@2", "severity"], return_prompt_ids=True)
+    assert (v1.version, v2.version, latest.version) == (1, 2, 2)
+    assert v1.prompt_ids != v2.prompt_ids and v2.prompt_ids == latest.prompt_ids
+    assert v2.probability_array().tobytes() == latest.probability_array().tobytes()
+    with pytest.raises(PrismError) as info:
+        client.decide(SAMPLE_TICKET, ["severity@3"])
+    assert info.value.status == "400" and "available versions: [1, 2]" in info.value.message
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_asyncio_client(server, protocol):
+    import asyncio
+
+    from prism_client.client import AsyncPrismClient
+
+    port = server.options.http_port if protocol == "http" else server.options.grpc_port
+
+    async def main():
+        async with AsyncPrismClient(f"localhost:{port}", protocol) as client:
+            good = await asyncio.gather(*[client.decide(SAMPLE_TICKET, [t]) for t in ("team", "severity@1")])
+            with pytest.raises(PrismError, match="unknown task"):
+                await client.decide(SAMPLE_TICKET, ["nope"])
+            return good
+
+    (team,), (severity,) = asyncio.run(main())
+    sync = http_client(server).decide(SAMPLE_TICKET, ["team", "severity@1"])
+    assert (team.task, severity.task) == ("team", "severity")
+    assert team.label == sync[0].label and severity.label == sync[1].label

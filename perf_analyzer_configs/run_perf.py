@@ -1,0 +1,109 @@
+"""Run Triton's perf_analyzer (from .venv, shipped by tritonclient) against the `prism` ensemble.
+
+    .venv/bin/python perf_analyzer_configs/run_perf.py [--url localhost:8000] [--precision int8]
+
+Without --url it starts its own server on free ports. Workloads (input-data JSON beside this file,
+written from bench/workloads.py so every benchmark uses the same prompts):
+  shared.json    one ~600-token ticket, 3 tasks per request (team, reply_time, severity)
+  unshared.json  three unrelated tickets, 1 task per request
+Concurrency 1, 2, 4 and 8; the table goes to bench/results/perf_analyzer.md.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from workloads import shared_workload, unshared_workload  # noqa: E402
+
+from prism_client.server import ServerOptions, TritonServer, _package_dir  # noqa: E402
+
+WORKLOADS = {"shared": shared_workload, "unshared": unshared_workload}
+
+
+def write_input_data() -> dict[str, Path]:
+    paths = {}
+    for name, make in WORKLOADS.items():
+        data = [{"material": [r["material"]], "tasks": {"content": r["tasks"], "shape": [len(r["tasks"])]}}
+                for r in make()]
+        path = HERE / f"{name}.json"
+        path.write_text(json.dumps({"data": data}, indent=1) + "\n")
+        paths[name] = path
+    return paths
+
+
+def perf_env() -> dict[str, str]:
+    """perf_analyzer links libcudart (from nvidia-cuda-runtime-cu12) even without a GPU."""
+    env = dict(os.environ)
+    cudart = _package_dir("nvidia.cuda_runtime") / "lib"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [str(cudart), env.get("LD_LIBRARY_PATH", "")] if p)
+    return env
+
+
+def run_perf(url: str, data: Path, concurrency: int) -> dict[str, float]:
+    binary = Path(sys.executable).parent / "perf_analyzer"
+    csv_path = HERE / f".perf-{data.stem}-{concurrency}.csv"
+    cmd = [str(binary), "-m", "prism", "-u", url, "-i", "http", "--input-data", str(data),
+           "--concurrency-range", str(concurrency), "--measurement-mode", "count_windows",
+           "--measurement-request-count", str(max(8, 3 * concurrency)), "--stability-percentage", "50",
+           "--max-trials", "4", "-f", str(csv_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=perf_env(), timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed:\n{done.stdout}\n{done.stderr}")
+    row = next(csv.DictReader(io.StringIO(csv_path.read_text())))
+    csv_path.unlink()
+    return {"throughput": float(row["Inferences/Second"]),
+            "p50_ms": float(row["p50 latency"]) / 1000, "p99_ms": float(row["p99 latency"]) / 1000}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", default=None, help="a running server's HTTP address; default: start one")
+    parser.add_argument("--precision", default="int8")
+    parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = parser.parse_args()
+    paths = write_input_data()
+    server = None
+    if args.url is None:
+        server = TritonServer(ServerOptions(precision=args.precision, instances=args.instances,
+                                            http_port=free_port(), grpc_port=free_port(),
+                                            metrics_port=free_port())).start()
+        args.url = f"localhost:{server.options.http_port}"
+    lines = [f"perf_analyzer against `prism` ({args.precision}, {args.instances} instance(s)); "
+             "one inference = one request (one ticket, all its tasks)", "",
+             "| workload | concurrency | requests/s | decisions/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    try:
+        for name, path in paths.items():
+            tasks_per_request = len(WORKLOADS[name]()[0]["tasks"])
+            for c in args.concurrency:
+                r = run_perf(args.url, path, c)
+                lines.append(f"| {name} | {c} | {r['throughput']:.2f} | {r['throughput'] * tasks_per_request:.2f} | "
+                             f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} |")
+                print(lines[-1], flush=True)
+    finally:
+        if server:
+            server.stop()
+    out = ROOT / "bench" / "results" / "perf_analyzer.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

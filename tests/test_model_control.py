@@ -1,0 +1,98 @@
+"""Explicit model control: unload and load again without leaking stub processes; the launcher's
+server stops with its parent; shutdown leaves no stub behind."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import tritonclient.http as httpclient
+
+from prism_client.client import PrismClient
+from prism_client.server import ServerOptions, TritonServer
+
+from conftest import SAMPLE_TICKET, free_port
+
+
+def stubs_of(pid: int) -> list[int]:
+    """Python-backend stub processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"triton_python_backend_stub" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def options(model_dir, **kw):
+    return ServerOptions(precision="int8", http_port=free_port(), grpc_port=free_port(),
+                         metrics_port=free_port(), model_dir=model_dir, **kw)
+
+
+def test_unload_and_reload_without_leaking_stubs(model_dir):
+    with TritonServer(options(model_dir, model_control_explicit=True)) as server:
+        pid = server.process.pid
+        url = f"localhost:{server.options.http_port}"
+        admin = httpclient.InferenceServerClient(url)
+        first = PrismClient(url).decide(SAMPLE_TICKET, ["team"])[0]
+        assert len(stubs_of(pid)) == 3  # tokenizer, decision, postprocess
+        for _ in range(2):
+            for name in ("prism", "prism_tokenizer", "prism_decision", "prism_postprocess"):
+                admin.unload_model(name)
+            assert wait_for(lambda: not stubs_of(pid)), stubs_of(pid)
+            assert not PrismClient(url).is_ready()
+            admin.load_model("prism")  # loads its composing models too
+            assert wait_for(lambda: PrismClient(url).is_ready())
+            assert len(stubs_of(pid)) == 3
+            again = PrismClient(url).decide(SAMPLE_TICKET, ["team"])[0]
+            assert again.probability_array().tobytes() == first.probability_array().tobytes()
+    assert server.process.returncode is not None
+    assert not stubs_of(pid)
+
+
+def test_server_stops_when_its_launcher_dies(model_dir, tmp_path):
+    """A launcher killed with SIGKILL takes its tritonserver (and the stubs) down with it."""
+    http_port = free_port()
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from prism_client.server import ServerOptions, TritonServer\n"
+        f"s = TritonServer(ServerOptions(http_port={http_port}, grpc_port={free_port()}, "
+        f"metrics_port={free_port()}, model_dir=Path({str(model_dir)!r}))).start()\n"
+        "print(s.process.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    server_pid = int(launcher.stdout.readline())
+    assert PrismClient(f"localhost:{http_port}").is_ready()
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+
+    def gone():
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return True
+        # a zombie (reaped by init later) counts as gone
+        return Path(f"/proc/{server_pid}/stat").read_text().split(") ")[1].startswith("Z")
+
+    assert wait_for(gone, timeout=60)
+    assert wait_for(lambda: not stubs_of(server_pid), timeout=30)
