@@ -83,6 +83,10 @@ def render_model_repository(options: ServerOptions, target: Path) -> Path:
         if name == "prism_decision":
             text = set_parameter(text, "precision", options.precision)
             text = set_instance_count(text, options.instances)
+            # Instances share the cores: give each its share of threads, or their OpenMP thread
+            # pools oversubscribe the machine and every instance slows down many times over.
+            threads = str(max(1, (os.cpu_count() or 1) // options.instances))
+            text = set_parameter(text, "num_threads", options.extra_parameters.get("num_threads", threads))
             for key, value in options.extra_parameters.items():
                 text = set_parameter(text, key, value)
         path.write_text(text)

@@ -27,6 +27,7 @@ class EngineConfig:
     model_dir: Path
     precision: str = "int8"
     act_passes: int = 2  # int8 activation quantisation passes (1 = plain per-token W8A8)
+    smooth_alpha: float = 0.0  # SmoothQuant migration strength for int8; 0 = no smoothing
     max_candidates: int = 16  # tasks with more options take the full-vocabulary fallback
     max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
     max_tasks_per_request: int = 32
@@ -47,6 +48,8 @@ class EngineConfig:
             raise ConfigError(f"max_tasks_per_request must be >= 1, got {self.max_tasks_per_request}")
         if self.tp_size != 1:
             raise ConfigError(f"tp_size {self.tp_size} is not supported yet; only tp_size 1 runs")
+        if not 0 <= self.smooth_alpha < 1:
+            raise ConfigError(f"smooth_alpha must be in [0, 1), got {self.smooth_alpha}")
         if self.num_threads < 0:
             raise ConfigError(f"num_threads must be >= 0, got {self.num_threads}")
 
@@ -67,11 +70,11 @@ class EngineConfig:
             if "${" in str(raw):
                 raise ConfigError(f"parameter {name!r} still holds the unfilled template {raw!r}")
             kind = known[name].type
-            if kind == "int":
+            if kind in ("int", "float"):
                 try:
-                    values[name] = int(raw)
+                    values[name] = int(raw) if kind == "int" else float(raw)
                 except ValueError:
-                    raise ConfigError(f"parameter {name!r} must be an integer, got {raw!r}") from None
+                    raise ConfigError(f"parameter {name!r} must be a number ({kind}), got {raw!r}") from None
             else:
                 values[name] = raw
         model_dir = os.environ.get("PRISM_MODEL_DIR") or values.get("model_dir")

@@ -32,7 +32,21 @@ class DecisionEngine:
             torch.set_num_threads(config.num_threads)
         self.spec, weights = load_model(config.model_dir)
         self.lm_head = weights.lm_head
+        if config.precision == "int8" and config.smooth_alpha > 0:
+            self._smooth(weights)
         self.model = ForestTransformer(self.spec, weights, config.precision, config.act_passes)
+
+    def _smooth(self, weights) -> None:
+        """Fold SmoothQuant scales (calibrated by an fp32 forward) into the weights before quantising."""
+        from transformers import AutoTokenizer
+
+        from .calibration import calibration_requests
+        from .smoothing import apply_smoothing, calibrate
+
+        tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)
+        forests = [build_forest([r]) for r in calibration_requests(tokenizer)]
+        stats = calibrate(ForestTransformer(self.spec, weights, "fp32"), forests)
+        apply_smoothing(self.spec, weights, stats, self.config.smooth_alpha)
 
     def validate(self, req: EncodedRequest) -> None:
         """Raise RequestError naming what is wrong with one tokenized request."""

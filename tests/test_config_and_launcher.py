@@ -1,4 +1,5 @@
 """Configuration validation, the config.pbtxt rendering of the launcher, and the CLI's flags."""
+import os
 import subprocess
 import sys
 
@@ -18,7 +19,8 @@ def test_config_from_triton_parameters(tmp_path):
 
 @pytest.mark.parametrize("params, message", [
     ({"model_dir": "m", "precision": "fp16"}, "precision must be one of"),
-    ({"model_dir": "m", "max_candidates": "many"}, "must be an integer"),
+    ({"model_dir": "m", "max_candidates": "many"}, r"must be a number \(int\)"),
+    ({"model_dir": "m", "smooth_alpha": "1.5"}, r"smooth_alpha must be in \[0, 1\)"),
     ({"model_dir": "m", "max_candidates": "1"}, "between 2 and 26"),
     ({"model_dir": "m", "colour": "red"}, "unknown parameter"),
     ({"model_dir": "${model_dir}"}, "unfilled template"),
@@ -35,6 +37,8 @@ def test_render_fills_parameters(tmp_path, model_dir):
     text = (repo / "prism_decision" / "config.pbtxt").read_text()
     assert "count: 3" in text and f'string_value: "{model_dir.resolve()}"' in text
     assert 'key: "max_candidates" value: { string_value: "12" }' in text
+    threads = max(1, (os.cpu_count() or 1) // 3)  # the cores shared among the instances
+    assert f'key: "num_threads" value: {{ string_value: "{threads}" }}' in text
     assert (repo / "prism_tokenizer" / "1" / "tasks.json").exists()
     # the checked-in repository is left as it was
     assert "count: 1" in (MODEL_REPOSITORY / "prism_decision" / "config.pbtxt").read_text()

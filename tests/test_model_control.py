@@ -96,3 +96,35 @@ def test_server_stops_when_its_launcher_dies(model_dir, tmp_path):
 
     assert wait_for(gone, timeout=60)
     assert wait_for(lambda: not stubs_of(server_pid), timeout=30)
+
+
+def test_prism_serve_stops_cleanly_on_ctrl_c(model_dir):
+    """`prism serve` (what `make serve` runs): ready line, then SIGINT stops server and stubs."""
+    ports = [str(free_port()) for _ in range(3)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prism_client.cli", "serve", "--model-dir", str(model_dir),
+         "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    started = proc.stderr.readline()  # "prism: starting tritonserver (log: <workdir>/tritonserver.log)"
+    workdir = started.split("(log: ", 1)[1].rsplit("/", 1)[0].encode()
+    line = proc.stdout.readline()
+    assert "ready" in line and f"localhost:{ports[0]}" in line, line + proc.stderr.read()
+    assert PrismClient(f"localhost:{ports[0]}").decide(SAMPLE_TICKET, ["team"])[0].task == "team"
+
+    def processes_of_this_server():  # tritonserver and its stubs all name the server's workdir
+        return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and workdir in _read(p / "cmdline")]
+
+    assert len(processes_of_this_server()) == 4  # tritonserver + 3 stubs
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    assert "server stopped" in proc.stderr.read()
+    assert wait_for(lambda: not processes_of_this_server(), timeout=30), processes_of_this_server()
+    assert not PrismClient(f"localhost:{ports[0]}").is_ready()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

@@ -197,3 +197,12 @@ def test_asyncio_client(server, protocol):
     sync = http_client(server).decide(SAMPLE_TICKET, ["team", "severity@1"])
     assert (team.task, severity.task) == ("team", "severity")
     assert team.label == sync[0].label and severity.label == sync[1].label
+
+
+def test_perf_analyzer_runs_against_the_ensemble(server):
+    """The real perf_analyzer binary from .venv, with the committed input-data file."""
+    sys.path.insert(0, str(REPO_ROOT / "perf_analyzer_configs"))
+    from run_perf import HERE, run_perf
+
+    result = run_perf(f"localhost:{server.options.http_port}", HERE / "unshared.json", concurrency=1)
+    assert result["throughput"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]

@@ -1,0 +1,126 @@
+"""Accuracy parity of the INT8 path: int8 and fp32 through the Prism engine, bf16 through Hugging Face.
+
+    .venv/bin/python evals/run_eval.py [--limit N] [--out evals/report.md]
+
+For each set: accuracy of int8, fp32 and bf16 against the labels; how often int8 and bf16 pick the
+same option as fp32; mean and max absolute probability difference to fp32. `--limit N` takes the
+first N documents of each file (the test suite runs a small slice).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "evals" / "data"
+
+from prism_backend.config import EngineConfig  # noqa: E402
+from prism_backend.pipeline import DecisionPipeline  # noqa: E402
+from prism_backend.reference import HFReference  # noqa: E402
+from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+
+REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
+BATCH = 16  # documents per forest
+
+
+def load(limit: int | None) -> list[dict]:
+    docs = []
+    for path in sorted(DATA.glob("*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+        docs.extend(rows[:limit] if limit else rows)
+    return docs
+
+
+def run_engine(config: EngineConfig, docs: list[dict], return_prompt_ids: bool = False) -> list[dict]:
+    pipeline = DecisionPipeline(config, REGISTRY)
+    decisions = []
+    for start in range(0, len(docs), BATCH):
+        chunk = docs[start : start + BATCH]
+        requests = [{"material": d["material"], "tasks": [t["task"] for t in d["tasks"]]} for d in chunk]
+        results, _ = pipeline.decide_many(requests, return_prompt_ids)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+            decisions.extend(result)
+    return decisions
+
+
+def evaluate(docs: list[dict], model_dir: Path) -> tuple[dict, dict]:
+    meta = [(t["set"], t["label"]) for d in docs for t in d["tasks"]]
+    timings, probs = {}, {}
+    t0 = time.perf_counter()
+    fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), docs, return_prompt_ids=True)
+    timings["fp32"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    int8 = run_engine(EngineConfig(model_dir=model_dir, precision="int8"), docs)
+    timings["int8"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reference = HFReference(model_dir, torch.bfloat16)
+    bf16 = [reference.candidate_probabilities(d["prompt_ids"], d["candidate_ids"]) for d in fp32]
+    timings["bf16 (HF, per question)"] = time.perf_counter() - t0
+    options = [list(d["probabilities"]) for d in fp32]
+    probs["fp32"] = [np.array(list(d["probabilities"].values()), np.float32) for d in fp32]
+    probs["int8"] = [np.array(list(d["probabilities"].values()), np.float32) for d in int8]
+    probs["bf16"] = [np.asarray(p, np.float32) for p in bf16]
+
+    per_set: dict[str, dict] = defaultdict(lambda: defaultdict(list))
+    for i, (set_name, label) in enumerate(meta):
+        row = per_set[set_name]
+        gold = options[i].index(label)
+        for name in ("int8", "fp32", "bf16"):
+            row[f"acc_{name}"].append(probs[name][i].argmax() == gold)
+        for name in ("int8", "bf16"):
+            row[f"agree_{name}"].append(probs[name][i].argmax() == probs["fp32"][i].argmax())
+            row[f"err_{name}"].append(float(np.abs(probs[name][i] - probs["fp32"][i]).max()))
+    return per_set, timings
+
+
+def report(per_set: dict, timings: dict, n_docs: int) -> str:
+    lines = ["| set | decisions | acc int8 | acc fp32 | acc bf16 | agree int8/fp32 | agree bf16/fp32 | "
+             "mean err int8 | mean err bf16 | max err int8 | max err bf16 |", "|" + "---|" * 11]
+    totals = defaultdict(list)
+    for name in sorted(per_set):
+        r = per_set[name]
+        for k, v in r.items():
+            totals[k].extend(v)
+        lines.append(_row(name, r))
+    lines.append(_row("**all**", totals))
+    macro = {k: np.mean([np.mean(per_set[s][k]) for s in per_set]) for k in ("acc_int8", "acc_fp32", "acc_bf16")}
+    lines += ["", f"Average accuracy over the sets: int8 {macro['acc_int8']:.4f}, fp32 {macro['acc_fp32']:.4f}, "
+              f"bf16 {macro['acc_bf16']:.4f} (int8 - fp32 = {100 * (macro['acc_int8'] - macro['acc_fp32']):+.2f} points).",
+              f"{n_docs} documents. Wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + "."]
+    return "\n".join(lines)
+
+
+def _row(name, r) -> str:
+    m = {k: float(np.mean(v)) for k, v in r.items()}
+    return (f"| {name} | {len(r['acc_fp32'])} | {m['acc_int8']:.3f} | {m['acc_fp32']:.3f} | {m['acc_bf16']:.3f} | "
+            f"{m['agree_int8']:.3f} | {m['agree_bf16']:.3f} | {m['err_int8']:.4f} | {m['err_bf16']:.4f} | "
+            f"{max(r['err_int8']):.4f} | {max(r['err_bf16']):.4f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limit", type=int, default=None, help="documents per file (default: all)")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--out", type=Path, default=ROOT / "evals" / "report.md")
+    args = parser.parse_args()
+    docs = load(args.limit)
+    per_set, timings = evaluate(docs, args.model_dir)
+    text = (f"# INT8 accuracy parity ({args.model_dir.name})\n\n"
+            f"`.venv/bin/python evals/run_eval.py{'' if args.limit is None else f' --limit {args.limit}'}`\n\n"
+            + report(per_set, timings, len(docs)) + "\n")
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""SmoothQuant-style smoothing, folded into the weights so it costs nothing at run time.
+
+Per-token int8 activations lose precision when a few input channels carry outliers. Smoothing
+divides each input channel c of a projection by s[c] = amax_x[c]^alpha / amax_w[c]^(1-alpha) and
+multiplies the weight's column c by s[c]: the product is unchanged, the activation is flatter.
+The division is folded into whatever produces the activation, so no extra operation runs:
+
+    q/k/v   input = rmsnorm(h) * input_norm   -> divide input_norm
+    gate/up input = rmsnorm(h) * post_norm    -> divide post_norm
+    o       input = attention output, a mix of v rows -> divide v's output rows (one scale per
+                    kv channel, shared by the query heads of its group)
+    down    input = silu(gate) * up           -> divide up's output rows
+
+`amax_x` comes from an fp32 forward over calibration prompts built from text that ships with the
+repository (samples/), so the smoothed weights are a pure function of checkpoint and repository.
+"""
+from __future__ import annotations
+
+import torch
+
+from .loader import ModelSpec, ModelWeights
+
+
+class _AbsMax:
+    """Wraps an fp32 projection; records the per-input-channel max |x| it sees."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.amax = None
+
+    def __call__(self, x):
+        m = x.abs().amax(dim=0)
+        self.amax = m if self.amax is None else torch.maximum(self.amax, m)
+        return self.inner(x)
+
+
+def calibrate(model, forests) -> list[dict[str, torch.Tensor]]:
+    """Run an fp32 ForestTransformer over `forests`; per layer, input amax of qkv, o, gate_up, down."""
+    for p in model.proj:
+        for name in ("qkv", "q", "kv", "o", "gate_up", "down"):
+            setattr(p, name, _AbsMax(getattr(p, name)))
+    for forest in forests:
+        model.answer_hidden(forest)
+    stats = []
+    for p in model.proj:
+        qkv = [t.amax for t in (p.qkv, p.kv) if t.amax is not None]
+        stats.append({"qkv": torch.stack(qkv).amax(0), "o": p.o.amax, "gate_up": p.gate_up.amax, "down": p.down.amax})
+        for name in ("qkv", "q", "kv", "o", "gate_up", "down"):
+            setattr(p, name, getattr(p, name).inner)
+    return stats
+
+
+def _scales(amax_x: torch.Tensor, amax_w: torch.Tensor, alpha: float) -> torch.Tensor:
+    s = amax_x.clamp(min=1e-5).pow(alpha) / amax_w.clamp(min=1e-5).pow(1 - alpha)
+    return s.clamp(min=1e-2, max=1e2)
+
+
+@torch.no_grad()
+def apply_smoothing(spec: ModelSpec, weights: ModelWeights, stats: list[dict], alpha: float) -> None:
+    """Rescale `weights` in place; the fp32 function they compute is unchanged (up to rounding)."""
+    D, group = spec.head_dim, spec.num_heads // spec.num_kv_heads
+    v_rows = slice(spec.q_dim + spec.kv_dim, spec.q_dim + 2 * spec.kv_dim)
+    for lw, st in zip(weights.layers, stats):
+        s = _scales(st["qkv"], lw.wqkv.abs().amax(0), alpha)  # (H,)
+        lw.input_norm = lw.input_norm / s
+        lw.wqkv = lw.wqkv * s
+
+        s = _scales(st["gate_up"], lw.w_gate_up.abs().amax(0), alpha)  # (H,)
+        lw.post_norm = lw.post_norm / s
+        lw.w_gate_up = lw.w_gate_up * s
+
+        # o: one scale per kv channel (g, d), the max over the query heads h of its group.
+        ax = st["o"].view(spec.num_kv_heads, group, D).amax(1)  # (Hkv, D)
+        aw = lw.wo.abs().amax(0).view(spec.num_kv_heads, group, D).amax(1)
+        s_kv = _scales(ax, aw, alpha).reshape(-1)  # (kv_dim,)
+        lw.wqkv[v_rows] = lw.wqkv[v_rows] / s_kv[:, None]
+        if lw.bqkv is not None:
+            lw.bqkv = lw.bqkv.clone()
+            lw.bqkv[v_rows] = lw.bqkv[v_rows] / s_kv
+        s_q = s_kv.view(spec.num_kv_heads, 1, D).expand(-1, group, -1).reshape(-1)  # (q_dim,)
+        lw.wo = lw.wo * s_q
+
+        s = _scales(st["down"], lw.w_down.abs().amax(0), alpha)  # (I,)
+        up_rows = slice(spec.intermediate_size, 2 * spec.intermediate_size)
+        lw.w_gate_up[up_rows] = lw.w_gate_up[up_rows] / s[:, None]
+        lw.w_down = lw.w_down * s
