@@ -53,23 +53,34 @@ def run_engine(config: EngineConfig, docs: list[dict], return_prompt_ids: bool =
     return decisions
 
 
-def evaluate(docs: list[dict], model_dir: Path) -> tuple[dict, dict]:
-    meta = [(t["set"], t["label"]) for d in docs for t in d["tasks"]]
-    timings, probs = {}, {}
+def references(docs: list[dict], model_dir: Path, cache: Path | None) -> dict:
+    """fp32 (Prism engine) and bf16 (HF) probabilities; cached, since only int8 changes between runs."""
+    if cache is not None and cache.exists():
+        return json.loads(cache.read_text())
     t0 = time.perf_counter()
     fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), docs, return_prompt_ids=True)
-    timings["fp32"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    int8 = run_engine(EngineConfig(model_dir=model_dir, precision="int8"), docs)
-    timings["int8"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t1 = time.perf_counter()
     reference = HFReference(model_dir, torch.bfloat16)
-    bf16 = [reference.candidate_probabilities(d["prompt_ids"], d["candidate_ids"]) for d in fp32]
-    timings["bf16 (HF, per question)"] = time.perf_counter() - t0
-    options = [list(d["probabilities"]) for d in fp32]
-    probs["fp32"] = [np.array(list(d["probabilities"].values()), np.float32) for d in fp32]
+    bf16 = [reference.candidate_probabilities(d["prompt_ids"], d["candidate_ids"]).tolist() for d in fp32]
+    out = {"options": [list(d["probabilities"]) for d in fp32],
+           "fp32": [list(d["probabilities"].values()) for d in fp32], "bf16": bf16,
+           "timings": {"fp32": t1 - t0, "bf16 (HF, per question)": time.perf_counter() - t1}}
+    if cache is not None:
+        cache.parent.mkdir(exist_ok=True)
+        cache.write_text(json.dumps(out))
+    return out
+
+
+def evaluate(docs: list[dict], model_dir: Path, int8_config: dict, cache: Path | None = None) -> tuple[dict, dict]:
+    meta = [(t["set"], t["label"]) for d in docs for t in d["tasks"]]
+    ref = references(docs, model_dir, cache)
+    timings = dict(ref["timings"])
+    t0 = time.perf_counter()
+    int8 = run_engine(EngineConfig(model_dir=model_dir, precision="int8", **int8_config), docs)
+    timings["int8"] = time.perf_counter() - t0
+    options = ref["options"]
+    probs = {name: [np.array(p, np.float32) for p in ref[name]] for name in ("fp32", "bf16")}
     probs["int8"] = [np.array(list(d["probabilities"].values()), np.float32) for d in int8]
-    probs["bf16"] = [np.asarray(p, np.float32) for p in bf16]
 
     per_set: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     for i, (set_name, label) in enumerate(meta):
@@ -112,11 +123,18 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="documents per file (default: all)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--out", type=Path, default=ROOT / "evals" / "report.md")
+    parser.add_argument("--act-passes", type=int, default=None, help="int8 variant (default: the engine's)")
+    parser.add_argument("--smooth-alpha", type=float, default=None, help="int8 variant (default: the engine's)")
+    parser.add_argument("--cache", type=Path, default=None, help="reuse fp32/bf16 results from this file")
     args = parser.parse_args()
     docs = load(args.limit)
-    per_set, timings = evaluate(docs, args.model_dir)
+    int8_config = {k: v for k, v in (("act_passes", args.act_passes), ("smooth_alpha", args.smooth_alpha))
+                   if v is not None}
+    per_set, timings = evaluate(docs, args.model_dir, int8_config, args.cache)
+    defaults = EngineConfig(model_dir=args.model_dir, **int8_config)
     text = (f"# INT8 accuracy parity ({args.model_dir.name})\n\n"
-            f"`.venv/bin/python evals/run_eval.py{'' if args.limit is None else f' --limit {args.limit}'}`\n\n"
+            f"`.venv/bin/python evals/run_eval.py{'' if args.limit is None else f' --limit {args.limit}'}`; "
+            f"int8 with act_passes={defaults.act_passes}, smooth_alpha={defaults.smooth_alpha}\n\n"
             + report(per_set, timings, len(docs)) + "\n")
     args.out.write_text(text)
     print(text)

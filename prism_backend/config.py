@@ -26,8 +26,8 @@ class ConfigError(ValueError):
 class EngineConfig:
     model_dir: Path
     precision: str = "int8"
-    act_passes: int = 2  # int8 activation quantisation passes (1 = plain per-token W8A8)
-    smooth_alpha: float = 0.0  # SmoothQuant migration strength for int8; 0 = no smoothing
+    act_passes: int = 2  # int8 activation quantisation passes; 2 also quantises the residual
+    smooth_alpha: float = 0.5  # SmoothQuant migration strength for int8; 0 = no smoothing
     max_candidates: int = 16  # tasks with more options take the full-vocabulary fallback
     max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
     max_tasks_per_request: int = 32

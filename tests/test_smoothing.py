@@ -1,0 +1,49 @@
+"""SmoothQuant folding leaves the fp32 function unchanged, for every architecture (GQA groups,
+q/k/v biases, q/k norms), and the calibration is reproducible."""
+import pytest
+import torch
+
+from prism_backend.calibration import calibration_requests
+from prism_backend.forest import build_forest
+from prism_backend.loader import load_model
+from prism_backend.model import ForestTransformer
+from prism_backend.smoothing import apply_smoothing, calibrate
+
+from conftest import TINY_ARCHS
+
+
+def hidden_before_and_after(model_dir, alpha=0.5):
+    from transformers import AutoTokenizer
+
+    requests = calibration_requests(AutoTokenizer.from_pretrained(model_dir))
+    forest = build_forest(requests[:3])
+    spec, weights = load_model(model_dir)
+    before = ForestTransformer(spec, weights, "fp32").answer_hidden(forest)
+    stats = calibrate(ForestTransformer(spec, weights, "fp32"), [build_forest([r]) for r in requests])
+    apply_smoothing(spec, weights, stats, alpha)
+    after = ForestTransformer(spec, weights, "fp32").answer_hidden(forest)
+    return before, after, stats
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_smoothing_preserves_fp32_function_tiny(tiny_model_dir, arch):
+    before, after, stats = hidden_before_and_after(tiny_model_dir(arch))
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    assert all((s["qkv"] > 0).all() for s in stats)
+
+
+def test_smoothing_preserves_fp32_function_embedded(model_dir):
+    before, after, _ = hidden_before_and_after(model_dir)
+    torch.testing.assert_close(after, before, rtol=1e-3, atol=1e-3)
+
+
+def test_smoothed_int8_engine_is_reproducible(fp32_config):
+    """Two engines built from the same checkpoint give the same bits (calibration is fixed)."""
+    from prism_backend.engine import DecisionEngine
+    from prism_backend.determinism import synthetic_requests
+
+    config = fp32_config.replace(precision="int8", smooth_alpha=0.5)
+    a, b = DecisionEngine(config), DecisionEngine(config)
+    requests = synthetic_requests(a.spec.vocab_size)
+    ra, rb = a.score(requests)[0], b.score(requests)[0]
+    assert [[s.probabilities.tobytes() for s in r] for r in ra] == [[s.probabilities.tobytes() for s in r] for r in rb]
