@@ -45,14 +45,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--act-passes", type=int, default=None, help="int8 variant (default: the engine's)")
+    parser.add_argument("--smooth-alpha", type=float, default=None, help="int8 variant (default: the engine's)")
+    parser.add_argument("--engines", nargs="+", default=["prism forest", "prism unshared", "HF generic fp32",
+                                                          "HF generic bf16"])
     args = parser.parse_args()
 
-    config = EngineConfig(model_dir=args.model_dir, precision=args.precision)
+    variant = {k: v for k, v in (("act_passes", args.act_passes), ("smooth_alpha", args.smooth_alpha)) if v is not None}
+    config = EngineConfig(model_dir=args.model_dir, precision=args.precision, **variant)
     prism = DecisionPipeline(config, MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json")
-    references = {"HF generic fp32": HFReference(args.model_dir, torch.float32),
-                  "HF generic bf16": HFReference(args.model_dir, torch.bfloat16)}
+    references = {label: HFReference(args.model_dir, dtype)
+                  for label, dtype in (("HF generic fp32", torch.float32), ("HF generic bf16", torch.bfloat16))
+                  if label in args.engines}
 
-    lines = [f"Engine benchmark: {config.model_dir.name}, prism precision {args.precision}, "
+    lines = [f"Engine benchmark: {config.model_dir.name}, prism precision {args.precision} "
+             f"(act_passes={config.act_passes}, smooth_alpha={config.smooth_alpha}), "
              f"{torch.get_num_threads()} threads, median of {args.repeats} runs (min-max)", "",
              "| workload | engine | tokens computed | ms (median) | spread ms | time / prism forest |",
              "|---|---|---|---|---|---|"]
@@ -69,6 +76,7 @@ def main() -> None:
             runs[label] = (stats.tokens_generic,
                            lambda ref=ref: [ref.candidate_probabilities(p, c) for p, c in prompts])
         medians = {}
+        runs = {label: run for label, run in runs.items() if label in args.engines or label == "prism forest"}
         for label, (tokens, fn) in runs.items():
             times = [t * 1000 for t in timed(fn, args.repeats)]
             medians[label] = statistics.median(times)
@@ -76,7 +84,8 @@ def main() -> None:
                          f"{min(times):.0f}-{max(times):.0f} | {medians[label] / medians['prism forest']:.2f}x |")
             print(lines[-1], flush=True)
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"engine_{args.precision}.md"
+    suffix = "".join(f"_{k}{v}" for k, v in variant.items())
+    out = RESULTS / f"engine_{args.precision}{suffix}.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written to {out}")

@@ -45,7 +45,14 @@ class DecisionEngine:
 
         tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)
         forests = [build_forest([r]) for r in calibration_requests(tokenizer)]
-        stats = calibrate(ForestTransformer(self.spec, weights, "fp32"), forests)
+        # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
+        # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            stats = calibrate(ForestTransformer(self.spec, weights, "fp32"), forests)
+        finally:
+            torch.set_num_threads(threads)
         apply_smoothing(self.spec, weights, stats, self.config.smooth_alpha)
 
     def validate(self, req: EncodedRequest) -> None:

@@ -88,3 +88,17 @@ def test_int8_close_to_fp32_on_the_sample_ticket(int8_pipeline, pipeline):
         diff = np.abs(np.array(list(q["probabilities"].values())) - np.array(list(r["probabilities"].values())))
         assert diff.max() < 0.05
         assert q["label"] == r["label"]
+
+
+def test_int8_bits_do_not_depend_on_thread_count(fp32_config):
+    """Instances get cpu_count / N threads each: the bits must not depend on it (smoothing is
+    calibrated on one thread; the int8 forward is thread-count invariant)."""
+    from prism_backend.engine import DecisionEngine
+
+    bits = []
+    for threads in (1, 2):
+        engine = DecisionEngine(fp32_config.replace(precision="int8", num_threads=threads))
+        results, _ = engine.score(synthetic_requests(engine.spec.vocab_size))
+        bits.append([[s.probabilities.tobytes() for s in r] for r in results])
+    torch.set_num_threads(2)
+    assert bits[0] == bits[1]
