@@ -95,10 +95,10 @@ def test_int8_bits_do_not_depend_on_thread_count(fp32_config):
     calibrated on one thread; the int8 forward is thread-count invariant)."""
     from prism_backend.engine import DecisionEngine
 
-    bits = []
+    bits, original = [], torch.get_num_threads()
     for threads in (1, 2):
         engine = DecisionEngine(fp32_config.replace(precision="int8", num_threads=threads))
         results, _ = engine.score(synthetic_requests(engine.spec.vocab_size))
         bits.append([[s.probabilities.tobytes() for s in r] for r in results])
-    torch.set_num_threads(2)
+    torch.set_num_threads(original)
     assert bits[0] == bits[1]
