@@ -16,17 +16,21 @@ from .quant import make_linear
 
 
 class Projections:
-    """The linear maps of one layer in the chosen precision. `q` and `kv` are the row blocks of
-    `qkv` (quantised per output channel, so they give the same bits as slicing qkv's output)."""
+    """The linear maps of one layer in the chosen precision. The last layer needs q (answer rows
+    only) apart from k/v (all rows), so it holds the row blocks `q` and `kv` instead of `qkv`;
+    quantised per output channel, they give the same bits as slicing qkv's output would."""
 
-    def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int):
+    def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int, last: bool):
         def make(weight, bias=None):
             return make_linear(weight, bias, precision, act_passes)
 
-        w_q, w_kv = lw.wqkv.split([spec.q_dim, 2 * spec.kv_dim])
-        b_q, b_kv = lw.bqkv.split([spec.q_dim, 2 * spec.kv_dim]) if lw.bqkv is not None else (None, None)
-        self.qkv = make(lw.wqkv, lw.bqkv)
-        self.q, self.kv = make(w_q, b_q), make(w_kv, b_kv)
+        self.qkv = self.q = self.kv = None
+        if last:
+            w_q, w_kv = lw.wqkv.split([spec.q_dim, 2 * spec.kv_dim])
+            b_q, b_kv = lw.bqkv.split([spec.q_dim, 2 * spec.kv_dim]) if lw.bqkv is not None else (None, None)
+            self.q, self.kv = make(w_q, b_q), make(w_kv, b_kv)
+        else:
+            self.qkv = make(lw.wqkv, lw.bqkv)
         self.o = make(lw.wo)
         self.gate_up = make(lw.w_gate_up)
         self.down = make(lw.w_down)
@@ -36,7 +40,8 @@ class ForestTransformer:
     def __init__(self, spec: ModelSpec, weights: ModelWeights, precision: str = "fp32", act_passes: int = 1):
         self.spec = spec
         self.w = weights
-        self.proj = [Projections(lw, spec, precision, act_passes) for lw in weights.layers]
+        last = len(weights.layers) - 1
+        self.proj = [Projections(lw, spec, precision, act_passes, i == last) for i, lw in enumerate(weights.layers)]
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
         if precision != "fp32":  # the projections hold their own quantised copies
             for lw in weights.layers:

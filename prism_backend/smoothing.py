@@ -36,17 +36,20 @@ class _AbsMax:
 
 def calibrate(model, forests) -> list[dict[str, torch.Tensor]]:
     """Run an fp32 ForestTransformer over `forests`; per layer, input amax of qkv, o, gate_up, down."""
+    names = ("qkv", "kv", "o", "gate_up", "down")  # kv: the last layer's qkv input (all rows)
     for p in model.proj:
-        for name in ("qkv", "q", "kv", "o", "gate_up", "down"):
-            setattr(p, name, _AbsMax(getattr(p, name)))
+        for name in names:
+            if getattr(p, name) is not None:
+                setattr(p, name, _AbsMax(getattr(p, name)))
     for forest in forests:
         model.answer_hidden(forest)
     stats = []
     for p in model.proj:
-        qkv = [t.amax for t in (p.qkv, p.kv) if t.amax is not None]
-        stats.append({"qkv": torch.stack(qkv).amax(0), "o": p.o.amax, "gate_up": p.gate_up.amax, "down": p.down.amax})
-        for name in ("qkv", "q", "kv", "o", "gate_up", "down"):
-            setattr(p, name, getattr(p, name).inner)
+        qkv = p.qkv if p.qkv is not None else p.kv
+        stats.append({"qkv": qkv.amax, "o": p.o.amax, "gate_up": p.gate_up.amax, "down": p.down.amax})
+        for name in names:
+            if getattr(p, name) is not None:
+                setattr(p, name, getattr(p, name).inner)
     return stats
 
 

@@ -3,13 +3,16 @@ at concurrency 1, 4 and 8, on any instance, and equal to the in-process engine."
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from prism_backend.determinism import CHECK_REQUESTS, digest
+from prism_backend.pipeline import DecisionPipeline
 from prism_client.client import PrismClient
 from prism_client.server import ServerOptions, TritonServer
 
-from conftest import free_port
+from conftest import REGISTRY, free_port
+from test_server import metric, scrape
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-instance", "2-instances"])
@@ -43,20 +46,12 @@ def test_startup_self_check_logged(int8_server):
 
 @pytest.fixture(scope="module")
 def int8_pipeline_bits(fp32_config):
-    from prism_backend.pipeline import DecisionPipeline
-
-    from conftest import REGISTRY
-
     pipeline = DecisionPipeline(fp32_config.replace(precision="int8"), REGISTRY)
     results, _ = pipeline.decide_many(CHECK_REQUESTS)
-    import numpy as np
-
     return [digest([np.array(list(d["probabilities"].values()), np.float32) for d in r]) for r in results]
 
 
 def test_self_check_metric_is_one(int8_server):
-    from test_server import metric, scrape
-
     values = scrape(int8_server)
     instances = int8_server.options.instances
     assert metric(values, "prism_determinism_self_check") == instances  # 1 per instance
