@@ -16,9 +16,14 @@ import numpy as np
 from .tasks import Task
 
 
+def task_info_dict(task: Task) -> dict:
+    """What post-processing needs to know of a task."""
+    return {"task": task.name, "version": task.version, "options": list(task.options)}
+
+
 def task_info(task: Task) -> str:
-    """What post-processing needs to know of a task, carried between pipeline steps."""
-    return json.dumps({"task": task.name, "version": task.version, "options": list(task.options)})
+    """`task_info_dict` as JSON, the form it takes between pipeline steps."""
+    return json.dumps(task_info_dict(task))
 
 
 def build_decision(info: dict, probabilities: np.ndarray, path: str,

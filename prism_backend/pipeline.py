@@ -4,11 +4,10 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .config import EngineConfig
-from .decisions import build_decision, task_info
+from .decisions import build_decision, task_info_dict
 from .engine import DecisionEngine
 from .errors import RequestError
 from .frontend import Frontend
@@ -40,7 +39,7 @@ class DecisionPipeline:
                 continue
             results.append([
                 build_decision(
-                    json.loads(task_info(task)), s.probabilities, s.path,
+                    task_info_dict(task), s.probabilities, s.path,
                     e.prompt_ids(t) if return_prompt_ids else None,
                     list(e.candidates[t]) if return_prompt_ids else None,
                 )

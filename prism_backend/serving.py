@@ -31,6 +31,16 @@ from .prompt import EncodedRequest
 TOKEN_TENSORS = ("root_ids", "trunk_ids", "branch_ids", "branch_lengths", "candidate_ids", "candidate_counts")
 
 
+def numpy_inputs(get_tensor, request, names) -> dict:
+    """{name: numpy array or None} for a Triton request; get_tensor is
+    pb_utils.get_input_tensor_by_name (passed in so this module needs no Triton)."""
+    out = {}
+    for name in names:
+        tensor = get_tensor(request, name)
+        out[name] = None if tensor is None else tensor.as_numpy()
+    return out
+
+
 def model_parameters(model_config: dict) -> dict[str, str]:
     """`parameters` of a parsed config.pbtxt as plain strings."""
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}

@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import RequestError
 from prism_backend.metrics import EngineMetrics
-from prism_backend.serving import TOKEN_TENSORS, DecisionStep, model_parameters
+from prism_backend.serving import TOKEN_TENSORS, DecisionStep, model_parameters, numpy_inputs
 
 
 def make_family(name, description, kind):
@@ -29,13 +29,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         start = time.perf_counter()
-        batch = []
-        for request in requests:
-            tensors = {}
-            for name in TOKEN_TENSORS:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                tensors[name] = None if tensor is None else tensor.as_numpy()
-            batch.append(tensors)
+        batch = [numpy_inputs(pb_utils.get_input_tensor_by_name, r, TOKEN_TENSORS) for r in requests]
         try:
             results, stats = self.step.run(batch)
         except Exception as exc:  # a bug: fail this batch with a clear message, keep serving

@@ -1,7 +1,7 @@
 """Triton adapter for post-processing: probabilities + task metadata -> `decisions` JSON."""
 import triton_python_backend_utils as pb_utils
 
-from prism_backend.serving import TOKEN_TENSORS, postprocess
+from prism_backend.serving import TOKEN_TENSORS, numpy_inputs, postprocess
 
 INPUTS = ("task_info", "probabilities", "scoring_paths", "return_prompt_ids", *TOKEN_TENSORS)
 
@@ -10,12 +10,8 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            tensors = {}
-            for name in INPUTS:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                tensors[name] = None if tensor is None else tensor.as_numpy()
             try:
-                decisions = postprocess(tensors)
+                decisions = postprocess(numpy_inputs(pb_utils.get_input_tensor_by_name, request, INPUTS))
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("decisions", decisions)]))
             except Exception as exc:
                 pb_utils.Logger.log_error(f"prism_postprocess: {exc!r}")

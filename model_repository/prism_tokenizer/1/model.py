@@ -5,7 +5,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import RequestError
-from prism_backend.serving import TokenizerStep, model_parameters
+from prism_backend.serving import TokenizerStep, model_parameters, numpy_inputs
 
 
 class TritonPythonModel:
@@ -19,12 +19,9 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            def get(name):
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                return None if tensor is None else tensor.as_numpy()
-
+            inputs = numpy_inputs(pb_utils.get_input_tensor_by_name, request, ("material", "tasks", "system"))
             try:
-                out = self.step.run(get("material"), get("tasks"), get("system"))
+                out = self.step.run(inputs["material"], inputs["tasks"], inputs["system"])
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in out.items()]))
             except RequestError as exc:
                 responses.append(pb_utils.InferenceResponse(
