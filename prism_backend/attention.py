@@ -1,15 +1,18 @@
-"""Tree attention over a packed forest (torch path).
+"""Tree attention over a packed forest.
 
 Every token attends exactly to its ancestors: the rows of its parent segments and the earlier rows
-of its own segment. Each segment is computed on its own, with keys gathered from its ancestry,
-so a segment's result depends only on its own tree, never on what else is packed in the batch.
+of its own segment. The torch path (CPU) computes each segment on its own, with keys gathered from
+its ancestry, so a segment's result depends only on its own tree, never on what else is packed in
+the batch. The Triton-lang path (kernels/tree_attention.py, CUDA) has the same semantics and the
+same invariance, and reads each shared prefix once for all its branches.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .forest import Segment
+from .forest import Forest, Segment
+from .quant import use_triton
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal: bool) -> torch.Tensor:
@@ -44,3 +47,37 @@ def answer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branches
     for i, seg in enumerate(branches):
         out[i : i + 1] = _sdpa(q[i : i + 1], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=False)
     return out
+
+
+class ForestAttention:
+    """Attention for one forest, in every layer: all rows (`rows`) and, in the last layer, only the
+    answer rows (`answers`). Dispatches per EngineConfig.kernels; the kernels' work layout is built
+    once per forest, not once per layer."""
+
+    def __init__(self, forest: Forest, kernels: str, device: torch.device):
+        self.segments = forest.segments
+        self.branches = [seg for seg in forest.segments if seg.is_branch]  # answer_rows order
+        self.kernel_layouts = None
+        if use_triton(kernels, torch.empty(0, device=device)):
+            from kernels.tree_attention import build_layout
+
+            index = {id(seg): i for i, seg in enumerate(self.segments)}
+            tuples = [(seg.start, seg.length, seg.parent) for seg in self.segments]
+            answers = [(index[id(seg)], seg.length - 1) for seg in self.branches]
+            self.kernel_layouts = (build_layout(tuples).to(device), build_layout(tuples, answers).to(device))
+
+    def rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: (N, Hq, D); k, v: (N, Hkv, D) -> (N, Hq, D)."""
+        if self.kernel_layouts is None:
+            return tree_attention(q, k, v, self.segments)
+        from kernels.tree_attention import tree_attention as tree_attention_kernel
+
+        return tree_attention_kernel(q, k, v, self.kernel_layouts[0])
+
+    def answers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: (A, Hq, D) of the answer rows; k, v: (N, Hkv, D) -> (A, Hq, D)."""
+        if self.kernel_layouts is None:
+            return answer_attention(q, k, v, self.branches)
+        from kernels.tree_attention import tree_attention as tree_attention_kernel
+
+        return tree_attention_kernel(q, k, v, self.kernel_layouts[1])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 PRECISIONS = ("int8", "fp32")
+KERNEL_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful decision assistant. Read the material and answer the question "
     "with the letter of the single best option."
@@ -33,6 +34,10 @@ class EngineConfig:
     max_tasks_per_request: int = 32
     tp_size: int = 1
     num_threads: int = 0  # 0: leave torch's default
+    # Which code runs attention and the int8 GEMMs: "auto" = the Triton-lang kernels (kernels/) for
+    # CUDA tensors, torch for CPU tensors; "torch" or "triton" force one (triton on CPU tensors needs
+    # TRITON_INTERPRET=1 in the environment before start: it is how the tests run the kernels).
+    kernels: str = "auto"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
 
     def __post_init__(self):
@@ -52,6 +57,14 @@ class EngineConfig:
             raise ConfigError(f"smooth_alpha must be in [0, 1), got {self.smooth_alpha}")
         if self.num_threads < 0:
             raise ConfigError(f"num_threads must be >= 0, got {self.num_threads}")
+        if self.kernels not in KERNEL_BACKENDS:
+            raise ConfigError(f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
+        if self.kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 set in the "
+                                  "environment before start to run the kernels through Triton's interpreter")
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> "EngineConfig":

@@ -34,7 +34,7 @@ class DecisionEngine:
         self.lm_head = weights.lm_head
         if config.precision == "int8" and config.smooth_alpha > 0:
             self._smooth(weights)
-        self.model = ForestTransformer(self.spec, weights, config.precision, config.act_passes)
+        self.model = ForestTransformer(self.spec, weights, config.precision, config.act_passes, config.kernels)
 
     def _smooth(self, weights) -> None:
         """Fold SmoothQuant scales (calibrated by an fp32 forward) into the weights before quantising."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import answer_attention, tree_attention
+from .attention import ForestAttention
 from .forest import Forest
 from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
 from .loader import LayerWeights, ModelSpec, ModelWeights
@@ -20,9 +20,10 @@ class Projections:
     only) apart from k/v (all rows), so it holds the row blocks `q` and `kv` instead of `qkv`;
     quantised per output channel, they give the same bits as slicing qkv's output would."""
 
-    def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int, last: bool):
+    def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int, last: bool,
+                 kernels: str):
         def make(weight, bias=None):
-            return make_linear(weight, bias, precision, act_passes)
+            return make_linear(weight, bias, precision, act_passes, kernels)
 
         self.qkv = self.q = self.kv = None
         if last:
@@ -37,11 +38,14 @@ class Projections:
 
 
 class ForestTransformer:
-    def __init__(self, spec: ModelSpec, weights: ModelWeights, precision: str = "fp32", act_passes: int = 1):
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, precision: str = "fp32", act_passes: int = 1,
+                 kernels: str = "auto"):
         self.spec = spec
         self.w = weights
+        self.kernels = kernels
         last = len(weights.layers) - 1
-        self.proj = [Projections(lw, spec, precision, act_passes, i == last) for i, lw in enumerate(weights.layers)]
+        self.proj = [Projections(lw, spec, precision, act_passes, i == last, kernels)
+                     for i, lw in enumerate(weights.layers)]
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
         if precision != "fp32":  # the projections hold their own quantised copies
             for lw in weights.layers:
@@ -54,7 +58,7 @@ class ForestTransformer:
         n = rms_norm(h, lw.post_norm, self.spec.rms_norm_eps)
         return h + p.down(swiglu(p.gate_up(n)))
 
-    def _layer(self, h, lw: LayerWeights, p: Projections, forest: Forest, cos, sin) -> torch.Tensor:
+    def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin) -> torch.Tensor:
         s = self.spec
         n = rms_norm(h, lw.input_norm, s.rms_norm_eps)
         qkv = p.qkv(n)  # (N, q_dim + 2 kv_dim)
@@ -63,11 +67,12 @@ class ForestTransformer:
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        attn = tree_attention(q, k, v, forest.segments)  # (N, Hq, D)
+        attn = attention.rows(q, k, v)  # (N, Hq, D)
         h = h + p.o(attn.reshape(-1, s.q_dim))
         return self._mlp_block(h, lw, p)
 
-    def _last_layer(self, h, lw: LayerWeights, p: Projections, forest: Forest, cos, sin) -> torch.Tensor:
+    def _last_layer(self, h, lw: LayerWeights, p: Projections, forest: Forest, attention: ForestAttention,
+                    cos, sin) -> torch.Tensor:
         """Keys/values for every row, everything else for the answer rows only -> (A, H)."""
         s = self.spec
         rows = forest.answer_rows
@@ -78,8 +83,7 @@ class ForestTransformer:
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         q, k = apply_rotary(q, cos[rows], sin[rows]), apply_rotary(k, cos, sin)
-        branches = [seg for seg in forest.segments if seg.is_branch]
-        attn = answer_attention(q, k, v, branches)  # (A, Hq, D)
+        attn = attention.answers(q, k, v)  # (A, Hq, D)
         h = h[rows] + p.o(attn.reshape(-1, s.q_dim))
         return self._mlp_block(h, lw, p)
 
@@ -88,7 +92,8 @@ class ForestTransformer:
         """Final-normed hidden state of each unique branch's answer position: (A, H)."""
         h = self.w.embed[forest.token_ids]  # (N, H)
         cos, sin = self.rotary(forest.positions)
+        attention = ForestAttention(forest, self.kernels, h.device)
         for lw, p in zip(self.w.layers[:-1], self.proj[:-1]):
-            h = self._layer(h, lw, p, forest, cos, sin)
-        h = self._last_layer(h, self.w.layers[-1], self.proj[-1], forest, cos, sin)
+            h = self._layer(h, lw, p, attention, cos, sin)
+        h = self._last_layer(h, self.w.layers[-1], self.proj[-1], forest, attention, cos, sin)
         return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps)

@@ -5,14 +5,18 @@ INT8 scheme (W8A8):
   activations  symmetric int8 per token at run time, in `act_passes` passes: pass 1 quantises the
                row, pass 2 quantises what pass 1 left over (its residual), and so on. The passes are
                stacked into one integer GEMM, so extra passes cost rows, not launches;
-  product      int8 x int8 accumulated in int32 by `torch._int_mm` (exact: equal to an int64
-               matmul), then dequantised in fp32 as sum_p (acc_p * x_scale_p) * w_scale.
+  product      int8 x int8 accumulated in int32 (exact: equal to an int64 matmul), then
+               dequantised in fp32 as sum_p (acc_p * x_scale_p) * w_scale: on CPU tensors by
+               `torch._int_mm` + torch (kernels.int8_gemm.int8_gemm_reference), on CUDA tensors by
+               the Triton-lang kernel with the dequantisation fused into its epilogue.
 Every step is row-wise or exact, so a token's output bits never depend on the other rows.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from kernels.int8_gemm import int8_gemm_reference
 
 QMAX = 127.0
 
@@ -30,8 +34,14 @@ class Fp32Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+def use_triton(kernels: str, x: torch.Tensor) -> bool:
+    """The dispatch rule of EngineConfig.kernels: auto = Triton-lang kernels for CUDA tensors."""
+    return kernels == "triton" or (kernels == "auto" and x.is_cuda)
+
+
 class Int8Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, act_passes: int = 1):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, act_passes: int = 1,
+                 kernels: str = "auto"):
         """weight: (out, in) float32 -> int8 (in, out) as `_int_mm` takes it, scales (out,)."""
         if act_passes < 1:
             raise ValueError(f"act_passes must be >= 1, got {act_passes}")
@@ -39,6 +49,7 @@ class Int8Linear:
         self.w_q = torch.round(weight / self.w_scale[:, None]).clamp(-QMAX, QMAX).to(torch.int8).t().contiguous()
         self.bias = bias
         self.act_passes = act_passes
+        self.kernels = kernels
 
     def quantize_activations(self, x: torch.Tensor):
         """x: (M, in) -> int8 (passes * M, in), scales (passes * M, 1).
@@ -58,19 +69,18 @@ class Int8Linear:
         return torch.cat(rows), torch.cat(scales)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        m = x.shape[0]
-        x_q, x_scale = self.quantize_activations(x)
-        acc = torch._int_mm(x_q, self.w_q)  # (passes * M, out) int32, exact
-        out = torch.mul(acc[:m], x_scale[:m])  # int32 * float32 -> float32 in one pass
-        for p in range(1, self.act_passes):  # fixed order: pass 1 + pass 2 + ...
-            out.add_(torch.mul(acc[p * m : (p + 1) * m], x_scale[p * m : (p + 1) * m]))
-        out.mul_(self.w_scale)
-        return out if self.bias is None else out.add_(self.bias)
+        x_q, x_scale = self.quantize_activations(x)  # (passes * M, in), (passes * M, 1)
+        if use_triton(self.kernels, x):
+            from kernels.int8_gemm import int8_gemm
+
+            return int8_gemm(x_q, self.w_q, x_scale, self.w_scale, self.bias, self.act_passes)
+        return int8_gemm_reference(x_q, self.w_q, x_scale, self.w_scale, self.bias, self.act_passes)
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, act_passes: int = 1):
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, act_passes: int = 1,
+                kernels: str = "auto"):
     if precision == "fp32":
         return Fp32Linear(weight, bias)
     if precision == "int8":
-        return Int8Linear(weight, bias, act_passes)
+        return Int8Linear(weight, bias, act_passes, kernels)
     raise ValueError(f"unknown precision {precision!r}")

@@ -1,12 +1,20 @@
 """Shared fixtures: the embedded model, tiny random checkpoints of every architecture, a real server."""
 from __future__ import annotations
 
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Without a GPU the Triton-lang kernels run through Triton's interpreter. Triton picks the
+    # interpreter when a kernel is defined, so this must precede any import of kernels/.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import shutil
 import socket
 from pathlib import Path
 
 import pytest
-import torch
 
 from prism_backend.config import EngineConfig
 from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer

@@ -1,0 +1,122 @@
+"""Both kernels at realistic sizes on a CUDA device: correctness against the references and speed
+against torch (int8 `torch._int_mm` + torch dequantisation; SDPA per segment, as the CPU path does).
+
+    python -m kernels.gpu_check [--hidden 5120 --heads 40 --kv-heads 8 --trunk 4096 --branches 3]
+
+Prints one markdown table; exits 2 when no CUDA device is present (nothing is measured then).
+`--device cpu` runs the same checks through Triton's interpreter (TRITON_INTERPRET=1) at small
+sizes: how the tests keep this script working without a GPU; its timings mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from kernels.int8_gemm import int8_gemm, int8_gemm_reference
+from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
+
+
+def _time_ms(fn, device: str, repeats: int = 20) -> float:
+    """Median of `repeats` runs after one warm-up (compilation)."""
+    fn()
+    if device == "cpu":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def check_gemm(m: int, k: int, n: int, passes: int, device: str, rows: list) -> None:
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randint(-127, 128, (passes * m, k), dtype=torch.int8, device=device, generator=gen)
+    w = torch.randint(-127, 128, (k, n), dtype=torch.int8, device=device, generator=gen)
+    xs = torch.rand(passes * m, 1, device=device, generator=gen) / 100
+    ws = torch.rand(n, device=device, generator=gen) / 100
+    # int64 matmul exists on CPU only; 64 rows of the int32 output against it
+    acc = int8_gemm(x[:m], w)[:64].cpu().long()
+    exact = torch.equal(acc, x[: min(m, 64)].cpu().long() @ w.cpu().long())
+    out, ref = int8_gemm(x, w, xs, ws, passes=passes), int8_gemm_reference(x, w, xs, ws, passes=passes)
+    kernel_ms = _time_ms(lambda: int8_gemm(x, w, xs, ws, passes=passes), device)
+    torch_ms = _time_ms(lambda: int8_gemm_reference(x, w, xs, ws, passes=passes), device)
+    tops = 2 * passes * m * k * n / kernel_ms / 1e9
+    rows.append((f"int8 GEMM {m}x{k}x{n}, {passes} pass(es)",
+                 f"int32 exact: {exact}; dequant bit-equal: {torch.equal(out, ref)}, "
+                 f"max diff {(out - ref).abs().max().item():.2e}",
+                 f"{kernel_ms:.3f}", f"{torch_ms:.3f}", f"{torch_ms / kernel_ms:.2f}x", f"{tops:.0f} TOPS"))
+
+
+def check_attention(heads: int, kv_heads: int, head_dim: int, root: int, trunk: int, branches: int,
+                    branch_len: int, device: str, rows: list) -> None:
+    segments = [(0, root, -1), (root, trunk, 0)]
+    for b in range(branches):
+        segments.append((root + trunk + b * branch_len, branch_len, 1))
+    n = root + trunk + branches * branch_len
+    gen = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn(n, heads, head_dim, device=device, generator=gen)
+    k = torch.randn(n, kv_heads, head_dim, device=device, generator=gen)
+    v = torch.randn(n, kv_heads, head_dim, device=device, generator=gen)
+    layout = build_layout(segments).to(device)
+    out = tree_attention(q, k, v, layout)
+    ref = tree_attention_reference(q, k, v, layout)
+
+    prefix = {0: 0, 1: root}  # keys before each segment's own rows: root none, trunk the root
+    def sdpa_per_segment():  # the torch path's approach: each segment with its gathered ancestry
+        for i, (start, length, _) in enumerate(segments):
+            ancestors = torch.arange(prefix.get(i, root + trunk), device=device)
+            key_rows = torch.cat([ancestors, torch.arange(start, start + length, device=device)])
+            mask = (torch.arange(len(key_rows), device=device)[None, :]
+                    <= (len(ancestors) + torch.arange(length, device=device))[:, None])
+            F.scaled_dot_product_attention(q[start : start + length].transpose(0, 1)[None],
+                                           k[key_rows].transpose(0, 1)[None], v[key_rows].transpose(0, 1)[None],
+                                           attn_mask=mask, enable_gqa=True)
+
+    kernel_ms = _time_ms(lambda: tree_attention(q, k, v, layout), device)
+    torch_ms = _time_ms(sdpa_per_segment, device)
+    rows.append((f"tree attention {heads}/{kv_heads} heads x {head_dim}, root {root} + trunk {trunk} + "
+                 f"{branches} x {branch_len}",
+                 f"max diff vs reference {(out - ref).abs().max().item():.2e}",
+                 f"{kernel_ms:.3f}", f"{torch_ms:.3f}", f"{torch_ms / kernel_ms:.2f}x", ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hidden", type=int, default=5120)
+    parser.add_argument("--heads", type=int, default=40)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--trunk", type=int, default=4096)
+    parser.add_argument("--branches", type=int, default=3)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: the GPU check has not run (the kernels are tested on CPU under TRITON_INTERPRET=1)")
+        return 2
+    head_dim = args.hidden // args.heads
+    qkv_out = args.hidden + 2 * args.kv_heads * head_dim
+    rows: list = []
+    tokens = 64 + args.trunk + args.branches * 32
+    for m, n, passes in ((tokens, qkv_out, 1), (tokens, qkv_out, 2), (16, qkv_out, 2)):
+        check_gemm(m, args.hidden, n, passes, args.device, rows)
+    check_attention(args.heads, args.kv_heads, head_dim, 64, args.trunk, args.branches, 32, args.device, rows)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (Triton interpreter)"
+    print(f"device: {name}, torch {torch.__version__}\n")
+    print("| check | correctness | kernel ms | torch ms | speedup | throughput |\n|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""INT8 x INT8 -> INT32 GEMM with the dequantisation fused into the epilogue (OpenAI Triton).
+
+    out[m, n] = ((sum_p acc_p[m, n] * x_scale[p, m]) * w_scale[n]) + bias[n]
+    acc_p     = x_q[p * M + m, :] @ w_q[:, n]          exact int32 accumulation
+
+`passes` is Prism's multi-pass activation quantisation (quant.py): pass 1 quantises a row, pass 2
+what pass 1 missed, stacked as extra rows of x_q. The kernel folds the passes in that fixed order.
+
+Batch invariance: each program owns one (BLOCK_M, BLOCK_N) output tile and walks K in fixed
+BLOCK_K steps from 0 (no split-K, no atomics), so an output element is computed the same way
+whatever M is and whichever other rows share its tile. The integer sums are exact anyway; the
+fp32 epilogue is element-wise with a fixed operation order, compiled without FMA contraction so
+that it rounds like the torch reference step by step.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _int8_gemm_kernel(
+    x_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_wk, stride_om,
+    PASSES: tl.constexpr, DEQUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < M
+    col_ok = cols < N
+    out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for p in tl.static_range(PASSES):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + ks) < K
+            a = tl.load(x_ptr + (p * M + rows)[:, None] * stride_xm + (k0 + ks)[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0)  # (BLOCK_M, BLOCK_K) int8
+            b = tl.load(w_ptr + (k0 + ks)[:, None] * stride_wk + cols[None, :],
+                        mask=k_ok[:, None] & col_ok[None, :], other=0)  # (BLOCK_K, BLOCK_N) int8
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        if DEQUANT:
+            x_scale = tl.load(x_scale_ptr + p * M + rows, mask=row_ok, other=0.0)  # (BLOCK_M,)
+            if p == 0:
+                out = acc.to(tl.float32) * x_scale[:, None]
+            else:
+                out = out + acc.to(tl.float32) * x_scale[:, None]
+        else:
+            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc,
+                     mask=row_ok[:, None] & col_ok[None, :])
+    if DEQUANT:
+        out = out * tl.load(w_scale_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        if HAS_BIAS:
+            out = out + tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _check(x_q: torch.Tensor, w_q: torch.Tensor, passes: int) -> tuple[int, int, int]:
+    if x_q.dtype != torch.int8 or w_q.dtype != torch.int8:
+        raise TypeError(f"int8_gemm takes int8 operands, got {x_q.dtype} and {w_q.dtype}")
+    if x_q.dim() != 2 or w_q.dim() != 2:
+        raise ValueError(f"int8_gemm takes 2-D operands, got shapes {tuple(x_q.shape)} and {tuple(w_q.shape)}")
+    if x_q.shape[1] != w_q.shape[0]:
+        raise ValueError(f"inner dimensions differ: x_q {tuple(x_q.shape)} @ w_q {tuple(w_q.shape)}")
+    if passes < 1 or x_q.shape[0] % passes:
+        raise ValueError(f"x_q has {x_q.shape[0]} rows, not a multiple of passes={passes}")
+    if x_q.stride(1) != 1 or w_q.stride(1) != 1:
+        raise ValueError("int8_gemm needs a unit stride along the last dimension of both operands")
+    if x_q.device != w_q.device:
+        raise ValueError(f"operands on different devices: {x_q.device} and {w_q.device}")
+    return x_q.shape[0] // passes, w_q.shape[1], x_q.shape[1]
+
+
+def _check_vector(name: str, t: torch.Tensor | None, length: int, device) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = t.reshape(-1)
+    if t.dtype != torch.float32 or t.numel() != length or t.device != device:
+        raise ValueError(f"{name} must be float32 with {length} elements on {device}, "
+                         f"got {t.dtype} with {t.numel()} on {t.device}")
+    return t.contiguous()
+
+
+def int8_gemm(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor | None = None,
+              w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, passes: int = 1,
+              block_m: int = 32, block_n: int = 64, block_k: int = 64) -> torch.Tensor:
+    """x_q: (passes * M, K) int8, w_q: (K, N) int8.
+
+    With scales (x_scale: (passes * M,) or (passes * M, 1), w_scale: (N,), optional bias (N,), all
+    float32) -> dequantised (M, N) float32; without -> the raw (M, N) int32 accumulator (passes 1).
+    """
+    m, n, k = _check(x_q, w_q, passes)
+    dequant = x_scale is not None or w_scale is not None
+    if dequant:
+        x_scale = _check_vector("x_scale", x_scale, passes * m, x_q.device)
+        w_scale = _check_vector("w_scale", w_scale, n, x_q.device)
+        if x_scale is None or w_scale is None:
+            raise ValueError("dequantisation needs both x_scale and w_scale")
+    elif passes != 1 or bias is not None:
+        raise ValueError("the raw int32 output exists for a single pass without bias only")
+    bias = _check_vector("bias", bias, n, x_q.device)
+    out = torch.empty((m, n), dtype=torch.float32 if dequant else torch.int32, device=x_q.device)
+    if m == 0:
+        return out
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    dummy = out  # never read: the constexpr flags compile its loads away
+    launch = {} if x_q.device.type == "cpu" else {"enable_fp_fusion": False}
+    _int8_gemm_kernel[grid](
+        x_q, w_q, x_scale if dequant else dummy, w_scale if dequant else dummy,
+        bias if bias is not None else dummy, out,
+        m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0),
+        PASSES=passes, DEQUANT=dequant, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **launch,
+    )
+    return out
+
+
+def int8_gemm_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                        bias: torch.Tensor | None = None, passes: int = 1) -> torch.Tensor:
+    """The same computation in torch (Prism's CPU path): `torch._int_mm` is exact, then the same
+    epilogue in the same order: acc_1 * s_1 (+ acc_p * s_p ...) * w_scale (+ bias)."""
+    m = x_q.shape[0] // passes
+    x_scale = x_scale.reshape(-1, 1)
+    acc = torch._int_mm(x_q, w_q)  # (passes * M, N) int32
+    out = torch.mul(acc[:m], x_scale[:m])  # int32 * float32 -> float32
+    for p in range(1, passes):
+        out.add_(torch.mul(acc[p * m : (p + 1) * m], x_scale[p * m : (p + 1) * m]))
+    out.mul_(w_scale)
+    return out if bias is None else out.add_(bias)

@@ -1,0 +1,234 @@
+"""The Triton-lang kernels (kernels/) against their torch references, run through Triton's
+interpreter on CPU (conftest sets TRITON_INTERPRET=1 when no GPU is present), and the engine's
+dispatch to them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import REGISTRY
+
+from kernels.int8_gemm import int8_gemm, int8_gemm_reference
+from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
+from prism_backend.attention import answer_attention
+from prism_backend.attention import tree_attention as torch_tree_attention
+from prism_backend.config import ConfigError, EngineConfig
+from prism_backend.forest import build_forest
+from prism_backend.prompt import EncodedRequest
+
+
+def _int8(shape, gen):
+    return torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen)
+
+
+# ---------------------------------------------------------------------------------------- INT8 GEMM
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 64), (7, 40, 24), (33, 130, 70), (64, 96, 128)])
+def test_int8_gemm_int32_is_exact(m, k, n):
+    gen = torch.Generator().manual_seed(m * k + n)
+    x, w = _int8((m, k), gen), _int8((k, n), gen)
+    acc = int8_gemm(x, w)
+    assert acc.dtype == torch.int32
+    assert torch.equal(acc.long(), x.long() @ w.long())  # int64 reference
+
+
+@pytest.mark.parametrize("passes", [1, 2, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_gemm_dequantised_equals_torch_reference(passes, bias):
+    gen = torch.Generator().manual_seed(passes + 10 * bias)
+    m, k, n = 37, 150, 90
+    x, w = _int8((passes * m, k), gen), _int8((k, n), gen)
+    x_scale = torch.rand(passes * m, 1, generator=gen) / 100 + 1e-4
+    w_scale = torch.rand(n, generator=gen) / 100
+    b = torch.randn(n, generator=gen) if bias else None
+    out = int8_gemm(x, w, x_scale, w_scale, b, passes)
+    assert out.dtype == torch.float32 and out.shape == (m, n)
+    assert torch.equal(out, int8_gemm_reference(x, w, x_scale, w_scale, b, passes))
+
+
+def test_int8_gemm_rows_do_not_depend_on_the_batch():
+    gen = torch.Generator().manual_seed(3)
+    x, w = _int8((50, 72), gen), _int8((72, 40), gen)
+    xs, ws = torch.rand(50, generator=gen), torch.rand(40, generator=gen)
+    full = int8_gemm(x, w, xs, ws)
+    part = int8_gemm(x[20:23].contiguous(), w, xs[20:23], ws)
+    assert torch.equal(full[20:23], part)
+
+
+def test_int8_gemm_launcher_names_the_problem():
+    x, w = torch.zeros(4, 8, dtype=torch.int8), torch.zeros(8, 5, dtype=torch.int8)
+    with pytest.raises(TypeError, match="int8 operands"):
+        int8_gemm(x.float(), w)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        int8_gemm(x, torch.zeros(9, 5, dtype=torch.int8))
+    with pytest.raises(ValueError, match="multiple of passes=3"):
+        int8_gemm(x, w, torch.ones(4), torch.ones(5), passes=3)
+    with pytest.raises(ValueError, match="w_scale must be float32 with 5"):
+        int8_gemm(x, w, torch.ones(4), torch.ones(6))
+    with pytest.raises(ValueError, match="unit stride"):
+        int8_gemm(x.t().contiguous().t(), w)
+
+
+# ----------------------------------------------------------------------------------- tree attention
+
+# (start, length, parent) forests; rows are contiguous and parents come first, as in forest.py
+ONE_TREE = [(0, 5, -1), (5, 23, 0), (28, 7, 1), (35, 1, 1), (36, 3, 1)]
+MANY_TREES = ONE_TREE + [(39, 4, -1), (43, 9, 5), (52, 2, 6), (54, 6, 0), (60, 1, 8)]
+LONG_TRUNK = [(0, 3, -1), (3, 150, 0), (153, 1, 1), (154, 5, 1)]
+NO_TRUNK = [(0, 6, -1), (6, 1, 0), (7, 4, 0)]  # branches straight on the root (empty material)
+FORESTS = {"one_tree": ONE_TREE, "many_trees": MANY_TREES, "long_trunk": LONG_TRUNK, "no_trunk": NO_TRUNK}
+
+
+def _qkv(n, hq, hkv, d, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, hq, d, generator=gen), torch.randn(n, hkv, d, generator=gen),
+            torch.randn(n, hkv, d, generator=gen))
+
+
+def _rows(segments):
+    return segments[-1][0] + segments[-1][1]
+
+
+@pytest.mark.parametrize("name", FORESTS)
+@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 16), (6, 2, 16), (6, 1, 8), (3, 3, 24)])
+def test_tree_attention_matches_reference(name, hq, hkv, d):
+    segments = FORESTS[name]
+    q, k, v = _qkv(_rows(segments), hq, hkv, d)
+    layout = build_layout(segments)
+    out = tree_attention(q, k, v, layout)
+    torch.testing.assert_close(out, tree_attention_reference(q, k, v, layout), atol=1e-5, rtol=0)
+
+
+def test_tree_attention_matches_the_engines_torch_path():
+    """Same semantics as prism_backend.attention on a forest built by the engine itself."""
+    a = EncodedRequest((1, 2, 3), tuple(range(10, 40)), ((5, 6), (7,), (8, 9, 4)), ((0, 1),) * 3)
+    b = EncodedRequest((1, 2, 3), (50, 51, 52), ((5,),), ((0, 1),))
+    c = EncodedRequest((9,), (60, 61), ((5, 6, 7),), ((0, 1),))
+    forest = build_forest([a, b, c])
+    tuples = [(s.start, s.length, s.parent) for s in forest.segments]
+    q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=5)
+    out = tree_attention(q, k, v, build_layout(tuples))
+    torch.testing.assert_close(out, torch_tree_attention(q, k, v, forest.segments), atol=1e-5, rtol=0)
+
+    branches = [s for s in forest.segments if s.is_branch]
+    queries = [(forest.segments.index(s), s.length - 1) for s in branches]
+    qa = q[forest.answer_rows]
+    answers = tree_attention(qa, k, v, build_layout(tuples, queries))
+    torch.testing.assert_close(answers, answer_attention(qa, k, v, branches), atol=1e-5, rtol=0)
+    assert torch.equal(answers, out[forest.answer_rows])  # answer-only == the same rows of all-rows
+
+
+def _shift(segments, offset, first_index):
+    return [(s + offset, n, p if p < 0 else p + first_index) for s, n, p in segments]
+
+
+def test_tree_attention_is_batch_invariant():
+    """A tree's outputs are bit-identical alone, packed after other trees (other row offsets, other
+    query blocks), and packed with an identical-prefix neighbour."""
+    hq, hkv, d = 6, 2, 16
+    tree = ONE_TREE
+    n = _rows(tree)
+    q, k, v = _qkv(n, hq, hkv, d, seed=1)
+    alone = tree_attention(q, k, v, build_layout(tree))
+
+    other = LONG_TRUNK
+    m = _rows(other)
+    oq, ok, ov = _qkv(m, hq, hkv, d, seed=2)
+    packed = other + _shift(tree, m, len(other)) + _shift(NO_TRUNK, m + n, len(other) + len(tree))
+    nq, nk, nv = _qkv(_rows(NO_TRUNK), hq, hkv, d, seed=3)
+    out = tree_attention(torch.cat([oq, q, nq]), torch.cat([ok, k, nk]), torch.cat([ov, v, nv]),
+                         build_layout(packed))
+    assert torch.equal(out[m : m + n], alone)
+
+    # A second request with the same root and trunk but another branch: the root's and trunk's
+    # query blocks now mix both requests' rows; the first request's bits must not move.
+    sq, sk, sv = _qkv(4, hq, hkv, d, seed=4)
+    both = tree + [(n, 4, 1)]
+    out2 = tree_attention(torch.cat([q, sq]), torch.cat([k, sk]), torch.cat([v, sv]), build_layout(both))
+    assert torch.equal(out2[:n], alone)
+
+
+def test_tree_attention_reads_a_shared_prefix_once():
+    """The trunk's keys are one work item for all three branches, not one per branch."""
+    layout = build_layout(ONE_TREE)
+    trunk_items = (layout.item_key_start == ONE_TREE[1][0]).sum().item()
+    assert trunk_items == 1
+    # trunk (23) + 3 branches (11 rows) see the trunk -> 34 entries -> ceil(34 / 16) = 3 blocks
+    assert (layout.block_item == 1).sum().item() == 3
+
+
+def test_tree_attention_launcher_names_the_problem():
+    layout = build_layout(ONE_TREE)
+    q, k, v = _qkv(_rows(ONE_TREE), 6, 4, 16)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        tree_attention(q, k, v, layout)
+    q, k, v = _qkv(_rows(ONE_TREE), 4, 2, 16)
+    with pytest.raises(TypeError, match="float32"):
+        tree_attention(q.double(), k.double(), v.double(), layout)
+    with pytest.raises(ValueError, match="parent must come before"):
+        build_layout([(0, 3, 1), (3, 2, -1)])
+
+
+# ------------------------------------------------------------------------------------- dispatch
+
+def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
+    """kernels='triton' runs the engine through the kernels (interpreted on CPU) and agrees with
+    the torch path; kernels='torch' never calls them."""
+    import kernels.int8_gemm
+    import kernels.tree_attention
+    from prism_backend.pipeline import DecisionPipeline
+
+    calls = {"gemm": 0, "attention": 0}
+    gemm, attention = kernels.int8_gemm.int8_gemm, kernels.tree_attention.tree_attention
+
+    def counting_gemm(*args, **kwargs):
+        calls["gemm"] += 1
+        return gemm(*args, **kwargs)
+
+    def counting_attention(*args, **kwargs):
+        calls["attention"] += 1
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(kernels.int8_gemm, "int8_gemm", counting_gemm)
+    monkeypatch.setattr(kernels.tree_attention, "tree_attention", counting_attention)
+    model_dir = tiny_model_dir("qwen3")
+    requests = [{"material": "The invoice total is wrong again.", "tasks": ["team", "severity@2"]},
+                {"material": "Login fails.", "tasks": ["reply_time"]}]
+    layers = 2
+    # fp32: attention differs from the torch path only in float rounding. int8: those last bits
+    # can move an activation across a quantisation step, so the bound is wider (still far below
+    # int8's own error against fp32, ~1e-2).
+    for precision, atol in (("fp32", 1e-5), ("int8", 1e-4)):
+        results = {}
+        for backend in ("torch", "triton"):
+            calls.update(gemm=0, attention=0)
+            config = EngineConfig(model_dir=model_dir, precision=precision, kernels=backend)
+            results[backend] = DecisionPipeline(config, REGISTRY).decide_many(requests)[0]
+        # the triton run: all-rows attention in layer 0, answers-only in the last layer; int8 GEMMs
+        # qkv, o, gate_up, down per layer, the last layer's q and kv apart
+        assert calls["attention"] == layers
+        assert calls["gemm"] == (4 * (layers - 1) + 5 if precision == "int8" else 0)
+        for torch_req, triton_req in zip(results["torch"], results["triton"]):
+            for a, b in zip(torch_req, triton_req):
+                np.testing.assert_allclose(list(a["probabilities"].values()), list(b["probabilities"].values()),
+                                           atol=atol, rtol=0)
+
+
+def test_kernels_config_is_validated(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="kernels must be one of"):
+        EngineConfig(model_dir=tmp_path, kernels="cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if not torch.cuda.is_available():  # forcing the kernels on CPU needs the interpreter
+        with pytest.raises(ConfigError, match="TRITON_INTERPRET=1"):
+            EngineConfig(model_dir=tmp_path, kernels="triton")
+
+
+def test_gpu_check_script_runs_through_the_interpreter(capsys):
+    """kernels/gpu_check.py is only timed on a GPU; its checks are kept working here at small sizes."""
+    from kernels.gpu_check import main
+
+    assert main(["--device", "cpu", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--trunk", "20",
+                 "--branches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("int32 exact: True; dequant bit-equal: True") == 3
+    assert "tree attention 4/2 heads" in out
