@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .forest import Forest, Segment
+from .forest import Segment
 from .quant import use_triton
 
 
@@ -50,34 +50,44 @@ def answer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branches
 
 
 class ForestAttention:
-    """Attention for one forest, in every layer: all rows (`rows`) and, in the last layer, only the
-    answer rows (`answers`). Dispatches per EngineConfig.kernels; the kernels' work layout is built
-    once per forest, not once per layer."""
+    """Attention for the segments `computed` of a forest (contiguous rows from the first one's
+    start), in every layer: all their rows (`rows`) and, in the last layer, only the answer rows of
+    `branches` (`answers`). Keys and values cover every row up to the computed ones' end (cached
+    and earlier-chunk rows included). Dispatches per EngineConfig.kernels; the kernels' work layout
+    is built once per forward, not once per layer."""
 
-    def __init__(self, forest: Forest, kernels: str, device: torch.device):
-        self.segments = forest.segments
-        self.branches = [seg for seg in forest.segments if seg.is_branch]  # answer_rows order
+    def __init__(self, segments: list[Segment], computed: list[int], branches: list[int], kernels: str,
+                 device: torch.device):
+        self.segments = segments
+        self.computed = computed
+        self.branches = branches
+        self.first_row = segments[computed[0]].start
         self.kernel_layouts = None
         if use_triton(kernels, torch.empty(0, device=device)):
             from kernels.tree_attention import build_layout
 
-            index = {id(seg): i for i, seg in enumerate(self.segments)}
-            tuples = [(seg.start, seg.length, seg.parent) for seg in self.segments]
-            answers = [(index[id(seg)], seg.length - 1) for seg in self.branches]
-            self.kernel_layouts = (build_layout(tuples).to(device), build_layout(tuples, answers).to(device))
+            tuples = [(seg.start, seg.length, seg.parent) for seg in segments]
+            rows = [(i, offset) for i in computed for offset in range(segments[i].length)]
+            answers = [(i, segments[i].length - 1) for i in branches]
+            self.kernel_layouts = (build_layout(tuples, rows).to(device), build_layout(tuples, answers).to(device))
 
     def rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: (N, Hq, D); k, v: (N, Hkv, D) -> (N, Hq, D)."""
-        if self.kernel_layouts is None:
-            return tree_attention(q, k, v, self.segments)
-        from kernels.tree_attention import tree_attention as tree_attention_kernel
+        """q: (n, Hq, D) of the computed rows; k, v: (rows so far, Hkv, D) -> (n, Hq, D)."""
+        if self.kernel_layouts is not None:
+            from kernels.tree_attention import tree_attention as tree_attention_kernel
 
-        return tree_attention_kernel(q, k, v, self.kernel_layouts[0])
+            return tree_attention_kernel(q, k, v, self.kernel_layouts[0])
+        out = torch.empty_like(q)
+        for i in self.computed:
+            seg = self.segments[i]
+            local = slice(seg.start - self.first_row, seg.start - self.first_row + seg.length)
+            out[local] = _sdpa(q[local], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=True)
+        return out
 
     def answers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: (A, Hq, D) of the answer rows; k, v: (N, Hkv, D) -> (A, Hq, D)."""
-        if self.kernel_layouts is None:
-            return answer_attention(q, k, v, self.branches)
-        from kernels.tree_attention import tree_attention as tree_attention_kernel
+        """q: (A, Hq, D) of the answer rows; k, v: (rows so far, Hkv, D) -> (A, Hq, D)."""
+        if self.kernel_layouts is not None:
+            from kernels.tree_attention import tree_attention as tree_attention_kernel
 
-        return tree_attention_kernel(q, k, v, self.kernel_layouts[1])
+            return tree_attention_kernel(q, k, v, self.kernel_layouts[1])
+        return answer_attention(q, k, v, [self.segments[i] for i in self.branches])

@@ -38,6 +38,11 @@ class EngineConfig:
     # CUDA tensors, torch for CPU tensors; "torch" or "triton" force one (triton on CPU tensors needs
     # TRITON_INTERPRET=1 in the environment before start: it is how the tests run the kernels).
     kernels: str = "auto"
+    # Prefix KV cache and chunked prefill (prefix_cache.py, forest.py). System prompt and material are
+    # cut into blocks of kv_block_tokens: the unit of the cache and of prefill chunks.
+    kv_block_tokens: int = 64
+    prefix_cache_bytes: int = 256 * 1024 * 1024  # K/V held across batches, LRU-evicted; 0 = no cache
+    prefill_chunk_tokens: int = 2048  # most rows computed in one pass over the layers; 0 = no limit
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
 
     def __post_init__(self):
@@ -57,6 +62,13 @@ class EngineConfig:
             raise ConfigError(f"smooth_alpha must be in [0, 1), got {self.smooth_alpha}")
         if self.num_threads < 0:
             raise ConfigError(f"num_threads must be >= 0, got {self.num_threads}")
+        if self.kv_block_tokens < 1:
+            raise ConfigError(f"kv_block_tokens must be >= 1, got {self.kv_block_tokens}")
+        if self.prefix_cache_bytes < 0:
+            raise ConfigError(f"prefix_cache_bytes must be >= 0 (0 disables the cache), got {self.prefix_cache_bytes}")
+        if self.prefill_chunk_tokens and self.prefill_chunk_tokens < self.kv_block_tokens:
+            raise ConfigError(f"prefill_chunk_tokens ({self.prefill_chunk_tokens}) must be 0 (no chunking) or at "
+                              f"least kv_block_tokens ({self.kv_block_tokens})")
         if self.kernels not in KERNEL_BACKENDS:
             raise ConfigError(f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
         if self.kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":

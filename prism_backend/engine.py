@@ -15,6 +15,7 @@ from .errors import RequestError
 from .forest import ForestStats, build_forest
 from .loader import load_model
 from .model import ForestTransformer
+from .prefix_cache import CacheEntry, PrefixCache
 from .prompt import EncodedRequest
 from .scoring import FULL_VOCABULARY, score_answer
 
@@ -35,6 +36,7 @@ class DecisionEngine:
         if config.precision == "int8" and config.smooth_alpha > 0:
             self._smooth(weights)
         self.model = ForestTransformer(self.spec, weights, config.precision, config.act_passes, config.kernels)
+        self.cache = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
 
     def _smooth(self, weights) -> None:
         """Fold SmoothQuant scales (calibrated by an fp32 forward) into the weights before quantising."""
@@ -100,8 +102,8 @@ class DecisionEngine:
         if not valid:
             return results, ForestStats(requests=0)
 
-        forest = build_forest([requests[i] for i in valid])
-        hidden = self.model.answer_hidden(forest)  # (A, H)
+        forest = build_forest([requests[i] for i in valid], self.config.kv_block_tokens, self.cache)
+        hidden = self._forward(forest)  # (A, H)
         stats = forest.stats
         with torch.inference_mode():
             for i, answers in zip(valid, forest.answers):
@@ -112,3 +114,47 @@ class DecisionEngine:
                     scores.append(TaskScore(probs.to(torch.float32).numpy().copy(), path))
                 results[i] = scores
         return results, stats
+
+    def _forward(self, forest) -> torch.Tensor:
+        """Answer states (A, H) of a forest: cached blocks' K/V from the cache, the rest computed in
+        chunks of at most prefill_chunk_tokens rows (whole segments), each given the K/V before it.
+        Every segment sees the same inputs whichever way the rows are split, so the bits agree."""
+        segments = forest.segments
+        past = None
+        if forest.cached_entries:  # per layer (cached rows, Hkv, D)
+            k = torch.cat([e.k for e in forest.cached_entries], dim=1)
+            v = torch.cat([e.v for e in forest.cached_entries], dim=1)
+            past = list(zip(k.unbind(0), v.unbind(0)))
+        chunks = self._chunks(list(range(len(forest.cached_entries), len(segments))), segments)
+        hidden = []
+        for chunk in chunks:
+            h, past = self.model.run(forest, chunk, past)
+            hidden.append(h)
+        forest.stats.chunks = len(chunks)
+        forest.stats.max_chunk_rows = max(sum(segments[i].length for i in c) for c in chunks)
+        if self.cache is not None:
+            self._remember(forest, past)
+        return torch.cat(hidden)
+
+    def _chunks(self, computed: list[int], segments) -> list[list[int]]:
+        limit = self.config.prefill_chunk_tokens
+        chunks, rows = [[]], 0
+        for i in computed:
+            if limit and chunks[-1] and rows + segments[i].length > limit:
+                chunks.append([])
+                rows = 0
+            chunks[-1].append(i)
+            rows += segments[i].length
+        return chunks
+
+    def _remember(self, forest, kv) -> None:
+        """Insert the computed root/trunk blocks, leaf first (so parents stay the more recent)."""
+        for seg in reversed(forest.segments[len(forest.cached_entries):]):
+            if seg.cache_key is None:
+                continue
+            rows = slice(seg.start, seg.start + seg.length)
+            k = torch.stack([layer_k[rows] for layer_k, _ in kv])  # (layers, n, Hkv, D)
+            v = torch.stack([layer_v[rows] for _, layer_v in kv])
+            parent = forest.segments[seg.parent].cache_key if seg.parent >= 0 else b""
+            tokens = tuple(forest.token_ids[rows].tolist())
+            self.cache.insert(seg.cache_key, CacheEntry(tokens, parent, k, v))

@@ -1,5 +1,9 @@
 """The decoder forward over a packed forest, returning only the answer positions' hidden states.
 
+`run` computes a contiguous range of the forest's segments given the K/V of the rows before it
+(from the prefix cache, or from earlier prefill chunks) and returns the K/V up to its end, so the
+engine can compute a forest in one pass or in chunks with the same per-segment computations.
+
 Work that no answer needs is skipped: the last layer computes keys and values for every row (the
 answer rows attend to them) but queries, attention output, MLP and the final norm only for the
 answer rows; no LM head runs here at all (scoring.py multiplies by the candidate rows only).
@@ -58,42 +62,67 @@ class ForestTransformer:
         n = rms_norm(h, lw.post_norm, self.spec.rms_norm_eps)
         return h + p.down(swiglu(p.gate_up(n)))
 
-    def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin) -> torch.Tensor:
+    def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
+        """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""
         s = self.spec
-        n = rms_norm(h, lw.input_norm, s.rms_norm_eps)
-        qkv = p.qkv(n)  # (N, q_dim + 2 kv_dim)
+        x = rms_norm(h, lw.input_norm, s.rms_norm_eps)
+        qkv = p.qkv(x)  # (n, q_dim + 2 kv_dim)
         q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
         q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        attn = attention.rows(q, k, v)  # (N, Hq, D)
+        k, v = _extend(past, k, v)  # (rows so far, Hkv, D)
+        attn = attention.rows(q, k, v)  # (n, Hq, D)
         h = h + p.o(attn.reshape(-1, s.q_dim))
-        return self._mlp_block(h, lw, p)
+        return self._mlp_block(h, lw, p), k, v
 
-    def _last_layer(self, h, lw: LayerWeights, p: Projections, forest: Forest, attention: ForestAttention,
-                    cos, sin) -> torch.Tensor:
-        """Keys/values for every row, everything else for the answer rows only -> (A, H)."""
+    def _last_layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, answers, cos, sin, past):
+        """Keys/values for every computed row, everything else for the answer rows only -> (A, H)."""
         s = self.spec
-        rows = forest.answer_rows
-        n = rms_norm(h, lw.input_norm, s.rms_norm_eps)
-        k, v = p.kv(n).split([s.kv_dim, s.kv_dim], dim=-1)
-        q = p.q(n[rows])
-        q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
+        x = rms_norm(h, lw.input_norm, s.rms_norm_eps)
+        k, v = p.kv(x).split([s.kv_dim, s.kv_dim], dim=-1)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
-        v = v.reshape(-1, s.num_kv_heads, s.head_dim)
-        q, k = apply_rotary(q, cos[rows], sin[rows]), apply_rotary(k, cos, sin)
+        k, v = _extend(past, apply_rotary(k, cos, sin), v.reshape(-1, s.num_kv_heads, s.head_dim))
+        if answers.numel() == 0:  # a prefill chunk without questions: only its K/V is needed
+            return h[:0], k, v
+        q = p.q(x[answers])
+        q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
+        q = apply_rotary(q, cos[answers], sin[answers])
         attn = attention.answers(q, k, v)  # (A, Hq, D)
-        h = h[rows] + p.o(attn.reshape(-1, s.q_dim))
-        return self._mlp_block(h, lw, p)
+        h = h[answers] + p.o(attn.reshape(-1, s.q_dim))
+        return self._mlp_block(h, lw, p), k, v
 
     @torch.inference_mode()
+    def run(self, forest: Forest, computed: list[int], past: list | None = None):
+        """Compute the segments `computed` (contiguous rows [a, b), parents before children) given
+        `past`, the K/V of rows [0, a) per layer ((a, Hkv, D) pairs; None when a = 0).
+
+        Returns (final-normed hidden states of the answer rows of the branches among `computed`,
+        (A, H), in segment order; K/V of rows [0, b) per layer).
+        """
+        segs = forest.segments
+        a = segs[computed[0]].start
+        b = segs[computed[-1]].start + segs[computed[-1]].length
+        branches = [i for i in computed if segs[i].is_branch]
+        answers = torch.tensor([segs[i].start + segs[i].length - 1 - a for i in branches], dtype=torch.long)
+        attention = ForestAttention(segs, computed, branches, self.kernels, self.w.embed.device)
+        h = self.w.embed[forest.token_ids[a:b]]  # (b - a, H)
+        cos, sin = self.rotary(forest.positions[a:b])
+        kv = []
+        for i, (lw, p) in enumerate(zip(self.w.layers[:-1], self.proj[:-1])):
+            h, k, v = self._layer(h, lw, p, attention, cos, sin, past[i] if past else None)
+            kv.append((k, v))
+        h, k, v = self._last_layer(h, self.w.layers[-1], self.proj[-1], attention, answers, cos, sin,
+                                   past[-1] if past else None)
+        kv.append((k, v))
+        return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps), kv
+
     def answer_hidden(self, forest: Forest) -> torch.Tensor:
-        """Final-normed hidden state of each unique branch's answer position: (A, H)."""
-        h = self.w.embed[forest.token_ids]  # (N, H)
-        cos, sin = self.rotary(forest.positions)
-        attention = ForestAttention(forest, self.kernels, h.device)
-        for lw, p in zip(self.w.layers[:-1], self.proj[:-1]):
-            h = self._layer(h, lw, p, attention, cos, sin)
-        h = self._last_layer(h, self.w.layers[-1], self.proj[-1], forest, attention, cos, sin)
-        return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps)
+        """The whole forest in one pass, nothing cached: final-normed answer states (A, H)."""
+        hidden, _ = self.run(forest, list(range(len(forest.segments))))
+        return hidden
+
+
+def _extend(past, k: torch.Tensor, v: torch.Tensor):
+    return (k, v) if past is None else (torch.cat([past[0], k]), torch.cat([past[1], v]))

@@ -34,7 +34,8 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def fp32_config(model_dir) -> EngineConfig:
-    return EngineConfig(model_dir=model_dir, precision="fp32")
+    # no prefix cache: tests that count computed tokens must not depend on what ran before them
+    return EngineConfig(model_dir=model_dir, precision="fp32", prefix_cache_bytes=0)
 
 
 @pytest.fixture(scope="session")
