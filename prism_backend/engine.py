@@ -148,9 +148,15 @@ class DecisionEngine:
         return chunks
 
     def _remember(self, forest, kv) -> None:
-        """Insert the computed root/trunk blocks, leaf first (so parents stay the more recent)."""
-        for seg in reversed(forest.segments[len(forest.cached_entries):]):
+        """Insert the computed root/trunk blocks and touch the cached ones, leaf first, so that a
+        parent is always more recent than its children (LRU then evicts children first)."""
+        cached = len(forest.cached_entries)
+        for index in reversed(range(len(forest.segments))):
+            seg = forest.segments[index]
             if seg.cache_key is None:
+                continue
+            if index < cached:
+                self.cache.insert(seg.cache_key, forest.cached_entries[index])  # present: a touch
                 continue
             rows = slice(seg.start, seg.start + seg.length)
             k = torch.stack([layer_k[rows] for layer_k, _ in kv])  # (layers, n, Hkv, D)

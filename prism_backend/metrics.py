@@ -7,6 +7,7 @@ Written against a tiny factory interface so that this module needs no Triton: th
 from __future__ import annotations
 
 from .forest import ForestStats
+from .prefix_cache import PrefixCache
 
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
@@ -42,7 +43,16 @@ class EngineMetrics:
                                  BATCH_BUCKETS)
         self.latency = metric("prism_execution_seconds", "Wall time of one execute(): forest, forward, scoring",
                               "histogram", LATENCY_BUCKETS)
+        self.cache_tokens_reused = metric("prism_prefix_cache_tokens_reused_total",
+                                          "Prompt tokens whose K/V came from the prefix cache", "counter")
+        self.cache_hit_rate = metric("prism_prefix_cache_hit_rate",
+                                     "Prefix tokens found in the cache over prefix tokens looked up (cumulative)",
+                                     "gauge")
+        self.cache_bytes = metric("prism_prefix_cache_bytes", "Bytes of K/V held by the prefix cache", "gauge")
+        self.cache_evictions = metric("prism_prefix_cache_evictions_total", "Prefix-cache blocks evicted (LRU)",
+                                      "counter")
         self._totals = {"computed": 0, "generic": 0, "candidates": 0, "tasks": 0}
+        self._evictions_seen = 0
 
     def close(self) -> None:
         """Release metrics before their families (called from the adapter's finalize)."""
@@ -53,7 +63,8 @@ class EngineMetrics:
     def set_self_check(self, ok: bool) -> None:
         self.self_check.set(1.0 if ok else 0.0)
 
-    def record_batch(self, stats: ForestStats, batch_size: int, errors: int, seconds: float) -> None:
+    def record_batch(self, stats: ForestStats, batch_size: int, errors: int, seconds: float,
+                     cache: PrefixCache | None = None) -> None:
         self.requests.increment(stats.requests)
         self.request_errors.increment(errors)
         self.tasks.increment(stats.tasks)
@@ -71,3 +82,9 @@ class EngineMetrics:
             self.candidates_per_task.set(t["candidates"] / t["tasks"])
         self.batch_size.observe(batch_size)
         self.latency.observe(seconds)
+        self.cache_tokens_reused.increment(stats.tokens_cached)
+        if cache is not None:
+            self.cache_hit_rate.set(cache.stats.hit_rate)
+            self.cache_bytes.set(cache.bytes_held)
+            self.cache_evictions.increment(cache.stats.evictions - self._evictions_seen)
+            self._evictions_seen = cache.stats.evictions

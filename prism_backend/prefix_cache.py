@@ -8,9 +8,9 @@ every layer, exactly as computed before (fp32, bit-for-bit), so reusing it gives
 probabilities as recomputing it. The stored token ids are compared on every hit: a hash collision
 can never hand one text the KV of another.
 
-Memory: entries are evicted least-recently-used first until the bytes held fit the budget. A hit
-touches the chain leaf-first, so a parent is always more recent than its children and children go
-before their parents. Thread-safe: concurrent batches may read and insert the same prefix.
+Memory: entries are evicted least-recently-used first until the bytes held fit the budget. Chains
+are touched and inserted leaf first, so a parent is always more recent than its children and
+children go before their parents. Thread-safe: concurrent batches may read and insert the same prefix.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class PrefixCache:
         if entry.nbytes > self.budget_bytes:
             return  # would evict everything and still not fit
         with self._lock:
-            if key in self._entries:  # a concurrent batch computed the same block: same bits
+            if key in self._entries:  # a touch, or a concurrent batch computed the same block: same bits
                 self._entries.move_to_end(key)
                 return
             self._entries[key] = entry

@@ -46,6 +46,13 @@ def pipeline(fp32_config):
 
 
 @pytest.fixture(scope="session")
+def int8_pipeline(fp32_config):
+    from prism_backend.pipeline import DecisionPipeline
+
+    return DecisionPipeline(fp32_config.replace(precision="int8"), REGISTRY)
+
+
+@pytest.fixture(scope="session")
 def hf_reference(model_dir):
     from prism_backend.reference import HFReference
 

@@ -4,15 +4,9 @@ import pytest
 import torch
 
 from prism_backend.determinism import CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests
-from prism_backend.pipeline import DecisionPipeline
 from prism_backend.quant import Int8Linear
 
-from conftest import REGISTRY, SAMPLE_TICKET
-
-
-@pytest.fixture(scope="session")
-def int8_pipeline(fp32_config):
-    return DecisionPipeline(fp32_config.replace(precision="int8"), REGISTRY)
+from conftest import SAMPLE_TICKET
 
 
 def score_texts(pipeline):

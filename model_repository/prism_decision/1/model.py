@@ -44,7 +44,7 @@ class TritonPythonModel:
             else:
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in result.items()]))
         errors = sum(isinstance(r, RequestError) for r in results)
-        self.metrics.record_batch(stats, len(requests), errors, time.perf_counter() - start)
+        self.metrics.record_batch(stats, len(requests), errors, time.perf_counter() - start, self.step.engine.cache)
         return responses
 
     def finalize(self):
