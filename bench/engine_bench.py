@@ -52,7 +52,8 @@ def main() -> None:
     args = parser.parse_args()
 
     variant = {k: v for k, v in (("act_passes", args.act_passes), ("smooth_alpha", args.smooth_alpha)) if v is not None}
-    config = EngineConfig(model_dir=args.model_dir, precision=args.precision, **variant)
+    # no prefix cache: the repeats would otherwise measure cache hits (bench/cache_bench.py does that)
+    config = EngineConfig(model_dir=args.model_dir, precision=args.precision, prefix_cache_bytes=0, **variant)
     prism = DecisionPipeline(config, MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json")
     references = {label: HFReference(args.model_dir, dtype)
                   for label, dtype in (("HF generic fp32", torch.float32), ("HF generic bf16", torch.bfloat16))

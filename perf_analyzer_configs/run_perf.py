@@ -77,15 +77,21 @@ def main() -> None:
     parser.add_argument("--precision", default="int8")
     parser.add_argument("--instances", type=int, default=1)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="keep the server's prefix cache on; off by default, since perf_analyzer repeats the "
+                             "same requests and would otherwise measure cache hits, not computation")
     args = parser.parse_args()
     paths = write_input_data()
     server = None
     if args.url is None:
         server = TritonServer(ServerOptions(precision=args.precision, instances=args.instances,
                                             http_port=free_port(), grpc_port=free_port(),
-                                            metrics_port=free_port())).start()
+                                            metrics_port=free_port(),
+                                            extra_parameters={} if args.prefix_cache else {"prefix_cache_bytes": "0"},
+                                            )).start()
         args.url = f"localhost:{server.options.http_port}"
-    lines = [f"perf_analyzer against `prism` ({args.precision}, {args.instances} instance(s)); "
+    cache = "prefix cache on" if args.prefix_cache else "prefix cache off"
+    lines = [f"perf_analyzer against `prism` ({args.precision}, {args.instances} instance(s), {cache}); "
              "one inference = one request (one ticket, all its tasks)", "",
              "| workload | concurrency | requests/s | decisions/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
     try:

@@ -1,0 +1,118 @@
+"""Prefix-cache benchmark: Prism with and without its prefix cache, and vLLM with and without
+prefix caching, on the same stream of requests, one at a time.
+
+    .venv/bin/python bench/cache_bench.py [--tickets 8] [--no-vllm]
+
+The stream: a new ticket arrives and is asked one question (team); then a second question
+(severity) is asked about the same, already seen, ticket; then the next ticket. All share the
+default system prompt. Reported: median latency of "new ticket" requests (only the system prompt
+can come from a cache) and of "seen ticket" requests (system prompt and material can).
+vLLM runs from `.venv-vllm` (see `make bench`) on exactly Prism's prompt token ids.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from prism_backend.config import EngineConfig  # noqa: E402
+from prism_backend.pipeline import DecisionPipeline  # noqa: E402
+from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def ticket_threads(n: int) -> list[str]:
+    """n distinct support threads of ~8 messages each (~500 tokens), from the shipped eval tickets."""
+    rows = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
+    return ["\n\n".join(f"Message {j + 1}: {m}" for j, m in enumerate(rows[8 * i : 8 * i + 8])) for i in range(n)]
+
+
+def stream(n: int) -> list[tuple[str, dict]]:
+    out = []
+    for material in ticket_threads(n):
+        out.append(("new ticket", {"material": material, "tasks": ["team"]}))
+        out.append(("seen ticket", {"material": material, "tasks": ["severity"]}))
+    return out
+
+
+def run_prism(requests, cache_bytes: int, model_dir: Path) -> tuple[list[float], list]:
+    config = EngineConfig(model_dir=model_dir, precision="int8", prefix_cache_bytes=cache_bytes)
+    pipeline = DecisionPipeline(config, REGISTRY)
+    pipeline.decide_many([{"material": "Warm-up ticket.", "tasks": ["team"]}])
+    seconds, decisions = [], []
+    for _, request in requests:
+        start = time.perf_counter()
+        (result,), _ = pipeline.decide_many([request], return_prompt_ids=True)
+        seconds.append(time.perf_counter() - start)
+        decisions.append(result[0])
+    return seconds, decisions
+
+
+def run_vllm(decisions, prefix_caching: bool, model_dir: Path) -> dict:
+    calls = [[{"prompt_ids": d["prompt_ids"], "candidate_ids": d["candidate_ids"]}] for d in decisions]
+    warm = [[{"prompt_ids": [1, 2, 3], "candidate_ids": [4, 5]}]]  # first call pays one-off setup
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        spec.write_text(json.dumps({"model_dir": str(model_dir), "prefix_caching": prefix_caching,
+                                    "calls": warm + calls}))
+        subprocess.run([str(VLLM_PYTHON), str(ROOT / "bench" / "vllm_driver.py"), str(spec), str(out)], check=True,
+                       stdout=subprocess.DEVNULL)
+        result = json.loads(out.read_text())
+    result["seconds"] = result["seconds"][1:]
+    result["probabilities"] = result["probabilities"][1:]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tickets", type=int, default=8)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--no-vllm", action="store_true")
+    args = parser.parse_args()
+    requests = stream(args.tickets)
+    kinds = [kind for kind, _ in requests]
+
+    timings = {}
+    timings["prism int8, no cache"], _ = run_prism(requests, 0, args.model_dir)
+    timings["prism int8, prefix cache"], decisions = run_prism(requests, 256 << 20, args.model_dir)
+    if not args.no_vllm and VLLM_PYTHON.exists():
+        for on in (False, True):
+            label = f"vLLM bf16, prefix caching {'on' if on else 'off'}"
+            timings[label] = run_vllm(decisions, on, args.model_dir)["seconds"]
+
+    def median_ms(seconds, kind):
+        return 1000 * statistics.median(s for s, k in zip(seconds, kinds) if k == kind)
+
+    base = {k: median_ms(timings["prism int8, prefix cache"], k) for k in ("new ticket", "seen ticket")}
+    lines = [f"# Prefix cache: a stream of {args.tickets} new tickets, each asked a second question once seen", "",
+             f"`.venv/bin/python bench/cache_bench.py --tickets {args.tickets}`; one request at a time, "
+             "median latency per request kind; ratio = engine / Prism with its cache.", "",
+             "| engine | new ticket (ms) | seen ticket, new question (ms) | new: ratio | seen: ratio |",
+             "|---|---|---|---|---|"]
+    for label, seconds in timings.items():
+        new, seen = median_ms(seconds, "new ticket"), median_ms(seconds, "seen ticket")
+        lines.append(f"| {label} | {new:.0f} | {seen:.0f} | {new / base['new ticket']:.2f}x | "
+                     f"{seen / base['seen ticket']:.2f}x |")
+    prompt_tokens = statistics.median(len(d["prompt_ids"]) for d in decisions)
+    lines += ["", f"Prompts: median {prompt_tokens:.0f} tokens. Prism's second question about a seen ticket "
+              "computes only the question's tokens; its probabilities are bit-identical to recomputing "
+              "(tests/test_prefix_cache.py)."]
+    text = "\n".join(lines) + "\n"
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "cache.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

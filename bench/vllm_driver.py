@@ -1,0 +1,60 @@
+"""Times vLLM (CPU build) on prompts given as token ids; runs inside the vLLM virtualenv.
+
+    .venv-vllm/bin/python bench/vllm_driver.py IN.json OUT.json
+
+IN:  {"model_dir": str, "prefix_caching": bool, "dtype": "bfloat16",
+      "calls": [[{"prompt_ids": [int], "candidate_ids": [int]}, ...], ...]}
+     Each call is one `LLM.generate` with its prompts submitted together (what a batch of
+     concurrent requests is to vLLM); calls run one after another, in order.
+OUT: {"seconds": [per call], "probabilities": [[per prompt, renormalised over its candidates]],
+      "rss_bytes": resident memory of vLLM's processes after the run, "startup_seconds": float}
+
+Probabilities come from `logprob_token_ids` (full-vocabulary log-probabilities of exactly the
+candidate ids), renormalised over the candidates as Prism's are. Settings follow RUNTIME.md:
+threads bound to every core, block size 32 so that prefix caching can reuse all but < 32 tokens,
+eager mode.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+
+def main() -> int:
+    spec = json.load(open(sys.argv[1]))
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    import psutil
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    start = time.perf_counter()
+    llm = LLM(model=spec["model_dir"], dtype=spec.get("dtype", "bfloat16"), enforce_eager=True, block_size=32,
+              enable_prefix_caching=spec["prefix_caching"], seed=0)
+    startup = time.perf_counter() - start
+    seconds, probabilities = [], []
+    for call in spec["calls"]:
+        prompts = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in call]
+        params = [SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=p["candidate_ids"]) for p in call]
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds.append(time.perf_counter() - t0)
+        for out, p in zip(outputs, call):
+            logprobs = out.outputs[0].logprobs[0]
+            values = [logprobs[c].logprob for c in p["candidate_ids"]]
+            top = max(values)
+            weights = [math.exp(v - top) for v in values]
+            probabilities.append([w / sum(weights) for w in weights])
+    me = psutil.Process()
+    rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
+    json.dump({"seconds": seconds, "probabilities": probabilities, "rss_bytes": rss, "startup_seconds": startup},
+              open(sys.argv[2], "w"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
