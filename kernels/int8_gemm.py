@@ -121,10 +121,15 @@ def int8_gemm(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor | None
 def int8_gemm_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                         bias: torch.Tensor | None = None, passes: int = 1) -> torch.Tensor:
     """The same computation in torch (Prism's CPU path): `torch._int_mm` is exact, then the same
-    epilogue in the same order: acc_1 * s_1 (+ acc_p * s_p ...) * w_scale (+ bias)."""
-    m = x_q.shape[0] // passes
+    epilogue in the same order."""
+    return dequantize(torch._int_mm(x_q, w_q), x_scale, w_scale, bias, passes)
+
+
+def dequantize(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+               passes: int = 1) -> torch.Tensor:
+    """acc: (passes * M, N) int32 -> (M, N) float32 = acc_1 * s_1 (+ acc_p * s_p ...) * w_scale (+ bias)."""
+    m = acc.shape[0] // passes
     x_scale = x_scale.reshape(-1, 1)
-    acc = torch._int_mm(x_q, w_q)  # (passes * M, N) int32
     out = torch.mul(acc[:m], x_scale[:m])  # int32 * float32 -> float32
     for p in range(1, passes):
         out.add_(torch.mul(acc[p * m : (p + 1) * m], x_scale[p * m : (p + 1) * m]))

@@ -56,8 +56,8 @@ class EngineConfig:
             )
         if self.max_tasks_per_request < 1:
             raise ConfigError(f"max_tasks_per_request must be >= 1, got {self.max_tasks_per_request}")
-        if self.tp_size != 1:
-            raise ConfigError(f"tp_size {self.tp_size} is not supported yet; only tp_size 1 runs")
+        if self.tp_size < 1:
+            raise ConfigError(f"tp_size must be >= 1, got {self.tp_size}")
         if not 0 <= self.smooth_alpha < 1:
             raise ConfigError(f"smooth_alpha must be in [0, 1), got {self.smooth_alpha}")
         if self.num_threads < 0:

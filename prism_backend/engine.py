@@ -5,6 +5,8 @@ validated on its own; an invalid one gets its RequestError back while the rest a
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,12 +14,11 @@ import torch
 
 from .config import EngineConfig
 from .errors import RequestError
-from .forest import ForestStats, build_forest
-from .loader import load_model
-from .model import ForestTransformer
-from .prefix_cache import CacheEntry, PrefixCache
+from .forest import ForestStats
 from .prompt import EncodedRequest
+from .runner import ForestRunner, build_model
 from .scoring import FULL_VOCABULARY, score_answer
+from .tp_worker import TPWorkers
 
 
 @dataclass(frozen=True)
@@ -26,36 +27,41 @@ class TaskScore:
     path: str  # "candidates" or "full_vocabulary"
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine cannot score any more (a tensor-parallel worker died); the model must be reloaded."""
+
+
 class DecisionEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.spec, weights = load_model(config.model_dir)
-        self.lm_head = weights.lm_head
-        if config.precision == "int8" and config.smooth_alpha > 0:
-            self._smooth(weights)
-        self.model = ForestTransformer(self.spec, weights, config.precision, config.act_passes, config.kernels)
-        self.cache = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
-
-    def _smooth(self, weights) -> None:
-        """Fold SmoothQuant scales (calibrated by an fp32 forward) into the weights before quantising."""
-        from transformers import AutoTokenizer
-
-        from .calibration import calibration_requests
-        from .smoothing import apply_smoothing, calibrate
-
-        tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)
-        forests = [build_forest([r]) for r in calibration_requests(tokenizer)]
-        # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
-        # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        self.workers: TPWorkers | None = None
+        group = None
+        if config.tp_size > 1:
+            self.workers = TPWorkers(config)
+            group = self.workers.group
         try:
-            stats = calibrate(ForestTransformer(self.spec, weights, "fp32"), forests)
-        finally:
-            torch.set_num_threads(threads)
-        apply_smoothing(self.spec, weights, stats, self.config.smooth_alpha)
+            self.spec, model, self.lm_head = build_model(config, group)
+        except BaseException:
+            self.close()
+            raise
+        self.runner = ForestRunner(config, self.spec, model)
+        # with TP, one forest at a time: every rank's collectives must line up
+        self._lock = threading.Lock() if self.workers is not None else contextlib.nullcontext()
+
+    @property
+    def cache(self):
+        return self.runner.cache
+
+    @cache.setter
+    def cache(self, value):
+        self.runner.cache = value
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (if any); idempotent."""
+        if self.workers is not None:
+            self.workers.stop()
 
     def validate(self, req: EncodedRequest) -> None:
         """Raise RequestError naming what is wrong with one tokenized request."""
@@ -102,8 +108,11 @@ class DecisionEngine:
         if not valid:
             return results, ForestStats(requests=0)
 
-        forest = build_forest([requests[i] for i in valid], self.config.kv_block_tokens, self.cache)
-        hidden = self._forward(forest)  # (A, H)
+        batch = [requests[i] for i in valid]
+        with self._lock:
+            if self.workers is not None:
+                self.workers.broadcast(batch)  # every rank runs the same forest
+            forest, hidden = self.runner.forward(batch)  # (A, H)
         stats = forest.stats
         with torch.inference_mode():
             for i, answers in zip(valid, forest.answers):
@@ -114,53 +123,3 @@ class DecisionEngine:
                     scores.append(TaskScore(probs.to(torch.float32).numpy().copy(), path))
                 results[i] = scores
         return results, stats
-
-    def _forward(self, forest) -> torch.Tensor:
-        """Answer states (A, H) of a forest: cached blocks' K/V from the cache, the rest computed in
-        chunks of at most prefill_chunk_tokens rows (whole segments), each given the K/V before it.
-        Every segment sees the same inputs whichever way the rows are split, so the bits agree."""
-        segments = forest.segments
-        past = None
-        if forest.cached_entries:  # per layer (cached rows, Hkv, D)
-            k = torch.cat([e.k for e in forest.cached_entries], dim=1)
-            v = torch.cat([e.v for e in forest.cached_entries], dim=1)
-            past = list(zip(k.unbind(0), v.unbind(0)))
-        chunks = self._chunks(list(range(len(forest.cached_entries), len(segments))), segments)
-        hidden = []
-        for chunk in chunks:
-            h, past = self.model.run(forest, chunk, past)
-            hidden.append(h)
-        forest.stats.chunks = len(chunks)
-        forest.stats.max_chunk_rows = max(sum(segments[i].length for i in c) for c in chunks)
-        if self.cache is not None:
-            self._remember(forest, past)
-        return torch.cat(hidden)
-
-    def _chunks(self, computed: list[int], segments) -> list[list[int]]:
-        limit = self.config.prefill_chunk_tokens
-        chunks, rows = [[]], 0
-        for i in computed:
-            if limit and chunks[-1] and rows + segments[i].length > limit:
-                chunks.append([])
-                rows = 0
-            chunks[-1].append(i)
-            rows += segments[i].length
-        return chunks
-
-    def _remember(self, forest, kv) -> None:
-        """Insert the computed root/trunk blocks and touch the cached ones, leaf first, so that a
-        parent is always more recent than its children (LRU then evicts children first)."""
-        cached = len(forest.cached_entries)
-        for index in reversed(range(len(forest.segments))):
-            seg = forest.segments[index]
-            if seg.cache_key is None:
-                continue
-            if index < cached:
-                self.cache.insert(seg.cache_key, forest.cached_entries[index])  # present: a touch
-                continue
-            rows = slice(seg.start, seg.start + seg.length)
-            k = torch.stack([layer_k[rows] for layer_k, _ in kv])  # (layers, n, Hkv, D)
-            v = torch.stack([layer_v[rows] for _, layer_v in kv])
-            parent = forest.segments[seg.parent].cache_key if seg.parent >= 0 else b""
-            tokens = tuple(forest.token_ids[rows].tolist())
-            self.cache.insert(seg.cache_key, CacheEntry(tokens, parent, k, v))

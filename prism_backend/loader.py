@@ -142,7 +142,8 @@ class _TensorReader:
         self.where = _open_tensors(model_dir)
         self._handles = {}
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...], rows: slice | None = None, cols: slice | None = None):
+        """The tensor, shape-checked; with rows/cols only that slice is read from the file."""
         from safetensors import safe_open
 
         path = self.where.get(name)
@@ -150,53 +151,65 @@ class _TensorReader:
             raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
         if path not in self._handles:
             self._handles[path] = safe_open(path, framework="pt")
-        tensor = self._handles[path].get_tensor(name)
-        if tuple(tensor.shape) != tuple(shape):
-            raise CheckpointError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        view = self._handles[path].get_slice(name)
+        if tuple(view.get_shape()) != tuple(shape):
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(view.get_shape())}, expected {tuple(shape)}")
+        if rows is not None:
+            tensor = view[rows]
+        elif cols is not None:
+            tensor = view[:, cols]
+        else:
+            tensor = view[:]
         return tensor.to(torch.float32).contiguous()
 
     def has(self, name: str) -> bool:
         return name in self.where
 
 
-def load_model(model_dir: Path) -> tuple[ModelSpec, ModelWeights]:
+def load_model(model_dir: Path, shard=None) -> tuple[ModelSpec, ModelWeights]:
+    """The checkpoint's spec and weights; with a tp.Shard only that rank's heads and MLP columns
+    are read (q/k/v and gate/up rows, o and down columns); the rest is replicated."""
     model_dir = Path(model_dir)
     hf = load_hf_config(model_dir)
     spec = spec_from_config(hf)
     r = _TensorReader(model_dir)
     H, D, I = spec.hidden_size, spec.head_dim, spec.intermediate_size
-    qkv_rows = spec.q_dim + 2 * spec.kv_dim
+    if shard is None:
+        q_rows, kv_rows, columns = slice(0, spec.q_dim), slice(0, spec.kv_dim), slice(0, I)
+    else:
+        q_rows = slice(shard.q_heads[0] * D, shard.q_heads[1] * D)
+        kv_rows = slice(shard.kv_heads[0] * D, shard.kv_heads[1] * D)
+        columns = slice(*shard.columns)
 
     layers = []
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
         wqkv = torch.cat([
-            r.get(a + "q_proj.weight", (spec.q_dim, H)),
-            r.get(a + "k_proj.weight", (spec.kv_dim, H)),
-            r.get(a + "v_proj.weight", (spec.kv_dim, H)),
+            r.get(a + "q_proj.weight", (spec.q_dim, H), rows=q_rows),
+            r.get(a + "k_proj.weight", (spec.kv_dim, H), rows=kv_rows),
+            r.get(a + "v_proj.weight", (spec.kv_dim, H), rows=kv_rows),
         ])
         bqkv = None
         if spec.qkv_bias:
             bqkv = torch.cat([
-                r.get(a + "q_proj.bias", (spec.q_dim,)),
-                r.get(a + "k_proj.bias", (spec.kv_dim,)),
-                r.get(a + "v_proj.bias", (spec.kv_dim,)),
+                r.get(a + "q_proj.bias", (spec.q_dim,), rows=q_rows),
+                r.get(a + "k_proj.bias", (spec.kv_dim,), rows=kv_rows),
+                r.get(a + "v_proj.bias", (spec.kv_dim,), rows=kv_rows),
             ])
-        assert wqkv.shape == (qkv_rows, H)
         layers.append(LayerWeights(
             input_norm=r.get(p + "input_layernorm.weight", (H,)),
             wqkv=wqkv,
             bqkv=bqkv,
             q_norm=r.get(a + "q_norm.weight", (D,)) if spec.qk_norm else None,
             k_norm=r.get(a + "k_norm.weight", (D,)) if spec.qk_norm else None,
-            wo=r.get(a + "o_proj.weight", (H, spec.q_dim)),
+            wo=r.get(a + "o_proj.weight", (H, spec.q_dim), cols=q_rows),
             post_norm=r.get(p + "post_attention_layernorm.weight", (H,)),
             w_gate_up=torch.cat([
-                r.get(p + "mlp.gate_proj.weight", (I, H)),
-                r.get(p + "mlp.up_proj.weight", (I, H)),
+                r.get(p + "mlp.gate_proj.weight", (I, H), rows=columns),
+                r.get(p + "mlp.up_proj.weight", (I, H), rows=columns),
             ]),
-            w_down=r.get(p + "mlp.down_proj.weight", (H, I)),
+            w_down=r.get(p + "mlp.down_proj.weight", (H, I), cols=columns),
         ))
 
     embed = r.get("model.embed_tokens.weight", (spec.vocab_size, H))

@@ -25,9 +25,9 @@ class Projections:
     quantised per output channel, they give the same bits as slicing qkv's output would."""
 
     def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int, last: bool,
-                 kernels: str):
-        def make(weight, bias=None):
-            return make_linear(weight, bias, precision, act_passes, kernels)
+                 kernels: str, group=None):
+        def make(weight, bias=None, row_parallel=False):
+            return make_linear(weight, bias, precision, act_passes, kernels, group if row_parallel else None)
 
         self.qkv = self.q = self.kv = None
         if last:
@@ -36,19 +36,20 @@ class Projections:
             self.q, self.kv = make(w_q, b_q), make(w_kv, b_kv)
         else:
             self.qkv = make(lw.wqkv, lw.bqkv)
-        self.o = make(lw.wo)
+        self.o = make(lw.wo, row_parallel=True)  # with TP: this rank's heads -> partial sums
         self.gate_up = make(lw.w_gate_up)
-        self.down = make(lw.w_down)
+        self.down = make(lw.w_down, row_parallel=True)  # with TP: this rank's MLP columns
 
 
 class ForestTransformer:
     def __init__(self, spec: ModelSpec, weights: ModelWeights, precision: str = "fp32", act_passes: int = 1,
-                 kernels: str = "auto"):
+                 kernels: str = "auto", group=None):
+        """spec: the shapes this rank computes (tp.local_spec); group: its tp.TPGroup or None."""
         self.spec = spec
         self.w = weights
         self.kernels = kernels
         last = len(weights.layers) - 1
-        self.proj = [Projections(lw, spec, precision, act_passes, i == last, kernels)
+        self.proj = [Projections(lw, spec, precision, act_passes, i == last, kernels, group)
                      for i, lw in enumerate(weights.layers)]
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
         if precision != "fp32":  # the projections hold their own quantised copies

@@ -57,8 +57,12 @@ class CacheStats:
 
 
 class PrefixCache:
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, bytes_per_token: int | None = None):
+        """bytes_per_token: what a block is charged per token; with tensor parallelism the full
+        model's K/V size, so that every rank (holding a different share of the heads) makes the
+        same eviction decisions. None: the entry's own size."""
         self.budget_bytes = budget_bytes
+        self.bytes_per_token = bytes_per_token
         self.bytes_held = 0
         self.stats = CacheStats()
         self._entries: OrderedDict[bytes, CacheEntry] = OrderedDict()
@@ -82,17 +86,20 @@ class PrefixCache:
             self.stats.tokens_reused += sum(len(e.tokens) for e in found)
         return found
 
+    def _cost(self, entry: CacheEntry) -> int:
+        return entry.nbytes if self.bytes_per_token is None else len(entry.tokens) * self.bytes_per_token
+
     def insert(self, key: bytes, entry: CacheEntry) -> None:
-        if entry.nbytes > self.budget_bytes:
+        if self._cost(entry) > self.budget_bytes:
             return  # would evict everything and still not fit
         with self._lock:
             if key in self._entries:  # a touch, or a concurrent batch computed the same block: same bits
                 self._entries.move_to_end(key)
                 return
             self._entries[key] = entry
-            self.bytes_held += entry.nbytes
+            self.bytes_held += self._cost(entry)
             self.stats.insertions += 1
             while self.bytes_held > self.budget_bytes:
                 _, old = self._entries.popitem(last=False)
-                self.bytes_held -= old.nbytes
+                self.bytes_held -= self._cost(old)
                 self.stats.evictions += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.int8_gemm import int8_gemm_reference
+from kernels.int8_gemm import dequantize, int8_gemm_reference
 
 QMAX = 127.0
 
@@ -27,11 +27,15 @@ def _symmetric_scale(amax: torch.Tensor) -> torch.Tensor:
 
 
 class Fp32Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias  # (out, in), (out,)
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group=None):
+        """group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel)."""
+        self.weight, self.bias, self.group = weight, bias, group  # (out, in), (out,)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.group is None:
+            return F.linear(x, self.weight, self.bias)
+        out = self.group.all_reduce_sum(F.linear(x, self.weight))  # float sum: close, not bit-exact
+        return out if self.bias is None else out.add_(self.bias)
 
 
 def use_triton(kernels: str, x: torch.Tensor) -> bool:
@@ -41,11 +45,19 @@ def use_triton(kernels: str, x: torch.Tensor) -> bool:
 
 class Int8Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, act_passes: int = 1,
-                 kernels: str = "auto"):
-        """weight: (out, in) float32 -> int8 (in, out) as `_int_mm` takes it, scales (out,)."""
+                 kernels: str = "auto", group=None):
+        """weight: (out, in) float32 -> int8 (in, out) as `_int_mm` takes it, scales (out,).
+
+        group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel). The
+        row maxima of weights and activations are then all-reduced with MAX and the int32 partial
+        products with SUM, all exact, so the output bits equal the unsplit layer's."""
         if act_passes < 1:
             raise ValueError(f"act_passes must be >= 1, got {act_passes}")
-        self.w_scale = _symmetric_scale(weight.abs().amax(dim=1)).to(torch.float32)  # (out,)
+        self.group = group
+        amax = weight.abs().amax(dim=1)
+        if group is not None:
+            group.all_reduce_max(amax)
+        self.w_scale = _symmetric_scale(amax).to(torch.float32)  # (out,)
         self.w_q = torch.round(weight / self.w_scale[:, None]).clamp(-QMAX, QMAX).to(torch.int8).t().contiguous()
         self.bias = bias
         self.act_passes = act_passes
@@ -58,7 +70,10 @@ class Int8Linear:
         rows, scales = [], []
         residual = x
         for p in range(self.act_passes):
-            scale = _symmetric_scale(residual.abs().amax(dim=1, keepdim=True))  # (M, 1)
+            amax = residual.abs().amax(dim=1, keepdim=True)  # (M, 1)
+            if self.group is not None:
+                self.group.all_reduce_max(amax)
+            scale = _symmetric_scale(amax)
             q = torch.div(residual, scale).round_()
             rows.append(q.to(torch.int8))
             scales.append(scale)
@@ -70,6 +85,9 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x_q, x_scale = self.quantize_activations(x)  # (passes * M, in), (passes * M, 1)
+        if self.group is not None:
+            acc = self.group.all_reduce_sum(torch._int_mm(x_q, self.w_q))  # exact int32 sum of the slices
+            return dequantize(acc, x_scale, self.w_scale, self.bias, self.act_passes)
         if use_triton(self.kernels, x):
             from kernels.int8_gemm import int8_gemm
 
@@ -78,9 +96,9 @@ class Int8Linear:
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, act_passes: int = 1,
-                kernels: str = "auto"):
+                kernels: str = "auto", group=None):
     if precision == "fp32":
-        return Fp32Linear(weight, bias)
+        return Fp32Linear(weight, bias, group)
     if precision == "int8":
-        return Int8Linear(weight, bias, act_passes, kernels)
+        return Int8Linear(weight, bias, act_passes, kernels, group)
     raise ValueError(f"unknown precision {precision!r}")

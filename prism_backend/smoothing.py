@@ -59,16 +59,22 @@ def _scales(amax_x: torch.Tensor, amax_w: torch.Tensor, alpha: float) -> torch.T
 
 
 @torch.no_grad()
-def apply_smoothing(spec: ModelSpec, weights: ModelWeights, stats: list[dict], alpha: float) -> None:
-    """Rescale `weights` in place; the fp32 function they compute is unchanged (up to rounding)."""
+def apply_smoothing(spec: ModelSpec, weights: ModelWeights, stats: list[dict], alpha: float,
+                    reduce_max=None) -> None:
+    """Rescale `weights` in place; the fp32 function they compute is unchanged (up to rounding).
+
+    With tensor parallelism `weights` are one rank's shard and `spec` its local shapes; the
+    column maxima of q/k/v and gate/up (split by rows) are completed across ranks by
+    `reduce_max` (an exact all-reduce MAX), so every rank gets the scales TP = 1 computes."""
+    reduce_max = reduce_max or (lambda t: t)
     D, group = spec.head_dim, spec.num_heads // spec.num_kv_heads
     v_rows = slice(spec.q_dim + spec.kv_dim, spec.q_dim + 2 * spec.kv_dim)
     for lw, st in zip(weights.layers, stats):
-        s = _scales(st["qkv"], lw.wqkv.abs().amax(0), alpha)  # (H,)
+        s = _scales(st["qkv"], reduce_max(lw.wqkv.abs().amax(0)), alpha)  # (H,)
         lw.input_norm = lw.input_norm / s
         lw.wqkv = lw.wqkv * s
 
-        s = _scales(st["gate_up"], lw.w_gate_up.abs().amax(0), alpha)  # (H,)
+        s = _scales(st["gate_up"], reduce_max(lw.w_gate_up.abs().amax(0)), alpha)  # (H,)
         lw.post_norm = lw.post_norm / s
         lw.w_gate_up = lw.w_gate_up * s
 

@@ -1,0 +1,134 @@
+"""Build the (possibly sharded) model, and run forests through it with the prefix cache and chunks.
+
+Shared by the engine (rank 0) and the tensor-parallel workers (tp_worker.py): every rank builds the
+same forest from the same requests, looks up and fills its own prefix cache (the same decisions on
+every rank, since the cache accounts each block at its full-model size), and runs the same chunks,
+so the collectives inside the layers line up.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import EngineConfig
+from .forest import Forest, build_forest
+from .loader import ModelSpec, load_hf_config, load_model, spec_from_config
+from .model import ForestTransformer
+from .prefix_cache import CacheEntry, PrefixCache
+from .prompt import EncodedRequest
+from .tp import TPGroup, local_spec, plan_shards, shard_stats
+
+
+def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
+    """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts."""
+    from transformers import AutoTokenizer
+
+    from .calibration import calibration_requests
+    from .smoothing import calibrate
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
+    forests = [build_forest([r], block_tokens=spec.max_context) for r in calibration_requests(tokenizer)]
+    # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
+    # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return calibrate(ForestTransformer(spec, weights, "fp32"), forests)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def build_model(config: EngineConfig, group: TPGroup | None = None):
+    """-> (the checkpoint's full spec, this rank's ForestTransformer, the LM head (V, H))."""
+    from .smoothing import apply_smoothing
+
+    smooth = config.precision == "int8" and config.smooth_alpha > 0
+    if group is None:
+        spec, weights = load_model(config.model_dir)
+        if smooth:
+            apply_smoothing(spec, weights, calibration_stats(config, spec, weights), config.smooth_alpha)
+        return spec, ForestTransformer(spec, weights, config.precision, config.act_passes, config.kernels), \
+            weights.lm_head
+
+    spec = spec_from_config(load_hf_config(config.model_dir))
+    shard = plan_shards(spec, group.world)[group.rank]
+    stats = None
+    if smooth:
+        if group.rank == 0:  # statistics must equal TP = 1's: one fp32 forward of the whole model
+            full_spec, full_weights = load_model(config.model_dir)
+            stats = calibration_stats(config, full_spec, full_weights)
+            del full_weights
+        stats = group.broadcast(stats)
+    _, weights = load_model(config.model_dir, shard)
+    mine = local_spec(spec, shard)
+    if smooth:
+        apply_smoothing(mine, weights, shard_stats(stats, spec, shard), config.smooth_alpha, group.all_reduce_max)
+    model = ForestTransformer(mine, weights, config.precision, config.act_passes, config.kernels, group)
+    return spec, model, weights.lm_head
+
+
+def full_kv_bytes_per_token(spec: ModelSpec) -> int:
+    return spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4  # K and V, float32
+
+
+class ForestRunner:
+    """Requests -> forest -> answer hidden states, with the prefix cache and chunked prefill."""
+
+    def __init__(self, config: EngineConfig, spec: ModelSpec, model: ForestTransformer):
+        self.config = config
+        self.model = model
+        self.cache = None
+        if config.prefix_cache_bytes:
+            self.cache = PrefixCache(config.prefix_cache_bytes, full_kv_bytes_per_token(spec))
+
+    def forward(self, requests: list[EncodedRequest]) -> tuple[Forest, torch.Tensor]:
+        """Answer states (A, H) of the forest of `requests`: cached blocks' K/V from the cache, the
+        rest computed in chunks of at most prefill_chunk_tokens rows (whole segments), each given
+        the K/V before it. Every segment sees the same inputs whichever way the rows are split, so
+        the bits agree."""
+        forest = build_forest(requests, self.config.kv_block_tokens, self.cache)
+        segments = forest.segments
+        past = None
+        if forest.cached_entries:  # per layer (cached rows, Hkv, D)
+            k = torch.cat([e.k for e in forest.cached_entries], dim=1)
+            v = torch.cat([e.v for e in forest.cached_entries], dim=1)
+            past = list(zip(k.unbind(0), v.unbind(0)))
+        chunks = self._chunks(list(range(len(forest.cached_entries), len(segments))), segments)
+        hidden = []
+        for chunk in chunks:
+            h, past = self.model.run(forest, chunk, past)
+            hidden.append(h)
+        forest.stats.chunks = len(chunks)
+        forest.stats.max_chunk_rows = max(sum(segments[i].length for i in c) for c in chunks)
+        if self.cache is not None:
+            self._remember(forest, past)
+        return forest, torch.cat(hidden)
+
+    def _chunks(self, computed: list[int], segments) -> list[list[int]]:
+        limit = self.config.prefill_chunk_tokens
+        chunks, rows = [[]], 0
+        for i in computed:
+            if limit and chunks[-1] and rows + segments[i].length > limit:
+                chunks.append([])
+                rows = 0
+            chunks[-1].append(i)
+            rows += segments[i].length
+        return chunks
+
+    def _remember(self, forest: Forest, kv) -> None:
+        """Insert the computed root/trunk blocks and touch the cached ones, leaf first, so that a
+        parent is always more recent than its children (LRU then evicts children first)."""
+        cached = len(forest.cached_entries)
+        for index in reversed(range(len(forest.segments))):
+            seg = forest.segments[index]
+            if seg.cache_key is None:
+                continue
+            if index < cached:
+                self.cache.insert(seg.cache_key, forest.cached_entries[index])  # present: a touch
+                continue
+            rows = slice(seg.start, seg.start + seg.length)
+            k = torch.stack([layer_k[rows] for layer_k, _ in kv])  # (layers, n, Hkv, D)
+            v = torch.stack([layer_v[rows] for _, layer_v in kv])
+            parent = forest.segments[seg.parent].cache_key if seg.parent >= 0 else b""
+            tokens = tuple(forest.token_ids[rows].tolist())
+            self.cache.insert(seg.cache_key, CacheEntry(tokens, parent, k, v))

@@ -1,0 +1,118 @@
+"""Tensor parallelism inside one model instance: the head/column split and the process group.
+
+Rank 0 is the engine in the Triton instance; ranks 1..N-1 are worker processes it starts
+(`python -m prism_backend.tp_worker`). All ranks run the same forest forward on their shard:
+
+    q/k/v, gate/up   column-parallel: each rank holds whole KV groups (their KV heads and the
+                     query heads that read them) and a slice of the MLP columns; no communication
+    o, down          row-parallel: each rank multiplies its slice of the input; the INT8 partial
+                     products are all-reduced as int32 (exact) before dequantisation, and the
+                     per-token activation scales are all-reduced with MAX (exact), so every rank
+                     dequantises the very numbers TP = 1 would: bit-identical probabilities.
+
+Everything else (embeddings, norms, residuals) is replicated; only rank 0 scores candidates.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .config import ConfigError
+from .loader import ModelSpec
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int
+    world: int
+    kv_heads: tuple[int, int]  # [first, end) of this rank's KV heads
+    q_heads: tuple[int, int]  # the query heads of those KV groups
+    columns: tuple[int, int]  # [first, end) of the MLP intermediate columns
+
+
+def plan_shards(spec: ModelSpec, world: int) -> list[Shard]:
+    """Whole KV groups per rank (as even as possible: 3 KV heads on 2 ranks -> 2 + 1)."""
+    if spec.num_kv_heads < world:
+        raise ConfigError(
+            f"tp_size {world} is larger than the model's {spec.num_kv_heads} KV heads; KV heads are split, "
+            f"not replicated, so use tp_size <= {spec.num_kv_heads}")
+    if spec.intermediate_size < world:
+        raise ConfigError(f"tp_size {world} exceeds the MLP width {spec.intermediate_size}")
+    group = spec.num_heads // spec.num_kv_heads
+
+    def split(n: int, r: int) -> tuple[int, int]:
+        return n * r // world, n * (r + 1) // world
+
+    shards = []
+    for r in range(world):
+        g0, g1 = split(spec.num_kv_heads, r)
+        shards.append(Shard(r, world, (g0, g1), (g0 * group, g1 * group), split(spec.intermediate_size, r)))
+    return shards
+
+
+def local_spec(spec: ModelSpec, shard: Shard | None) -> ModelSpec:
+    """The shapes this rank computes with: its heads and MLP columns."""
+    if shard is None:
+        return spec
+    return dataclasses.replace(spec, num_heads=shard.q_heads[1] - shard.q_heads[0],
+                               num_kv_heads=shard.kv_heads[1] - shard.kv_heads[0],
+                               intermediate_size=shard.columns[1] - shard.columns[0])
+
+
+def shard_stats(stats: list[dict], spec: ModelSpec, shard: Shard | None) -> list[dict]:
+    """Calibration statistics of the full model -> this rank's input channels of o and down."""
+    if shard is None:
+        return stats
+    q = slice(shard.q_heads[0] * spec.head_dim, shard.q_heads[1] * spec.head_dim)
+    c = slice(*shard.columns)
+    return [{**s, "o": s["o"][q], "down": s["down"][c]} for s in stats]
+
+
+class TPGroup:
+    """The gloo process group of one model instance (rank 0 = the engine)."""
+
+    def __init__(self, rank: int, world: int, init_method: str, timeout_s: float = 300):
+        self.rank, self.world = rank, world
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def broadcast(self, obj=None):
+        """Rank 0's `obj` on every rank (pickled)."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def free_tcp_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def python_executable() -> str:
+    """The interpreter for worker processes. Inside Triton's Python backend sys.executable is the
+    stub, not Python: the launcher exports PRISM_PYTHON; elsewhere the running interpreter."""
+    for candidate in (os.environ.get("PRISM_PYTHON"), sys.executable, shutil.which("python3")):
+        if candidate and "python" in os.path.basename(candidate):
+            return candidate
+    raise ConfigError("cannot find a Python interpreter for tensor-parallel workers; set PRISM_PYTHON")
