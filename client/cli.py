@@ -40,8 +40,6 @@ def cmd_serve(args) -> int:
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         model_dir=ensure_model(args.model_dir),
     )
-    if args.tp != 1:
-        raise ConfigError(f"--tp {args.tp}: tensor parallelism is not available yet; use --tp 1")
     server = TritonServer(options)
     print(f"prism: starting tritonserver (log: {server.log_path})", file=sys.stderr)
     server.start()

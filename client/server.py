@@ -83,9 +83,10 @@ def render_model_repository(options: ServerOptions, target: Path) -> Path:
         if name == "prism_decision":
             text = set_parameter(text, "precision", options.precision)
             text = set_instance_count(text, options.instances)
-            # Instances share the cores: give each its share of threads, or their OpenMP thread
-            # pools oversubscribe the machine and every instance slows down many times over.
-            threads = str(max(1, (os.cpu_count() or 1) // options.instances))
+            text = set_parameter(text, "tp_size", str(options.tp))
+            # Instances (and their TP workers) share the cores: give each process its share of
+            # threads, or their OpenMP pools oversubscribe the machine and everything slows down.
+            threads = str(max(1, (os.cpu_count() or 1) // (options.instances * options.tp)))
             text = set_parameter(text, "num_threads", options.extra_parameters.get("num_threads", threads))
             for key, value in options.extra_parameters.items():
                 text = set_parameter(text, key, value)
@@ -125,6 +126,7 @@ def server_environment(paths: dict[str, Path]) -> dict[str, str]:
     libdirs = [sysconfig.get_config_var("LIBDIR"), str(paths["libs"]), env.get("LD_LIBRARY_PATH", "")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in libdirs if d)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PRISM_PYTHON"] = sys.executable  # tensor-parallel workers: inside the stub, sys.executable is not Python
     return env
 
 

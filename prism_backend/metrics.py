@@ -39,6 +39,9 @@ class EngineMetrics:
                                           "gauge")
         self.self_check = metric("prism_determinism_self_check",
                                  "1 when the startup batch-invariance check matched bit for bit, else 0", "gauge")
+        self.available = metric("prism_engine_available",
+                                "1 while the engine can score; 0 once a tensor-parallel worker has died", "gauge")
+        self.available.set(1.0)
         self.batch_size = metric("prism_execution_batch_size", "Requests per execute() (one forest)", "histogram",
                                  BATCH_BUCKETS)
         self.latency = metric("prism_execution_seconds", "Wall time of one execute(): forest, forward, scoring",

@@ -119,7 +119,18 @@ class DecisionStep:
     def __init__(self, params: dict[str, str], model_base_dir: Path):
         self.config = EngineConfig.from_parameters(params, base_dir=model_base_dir)
         self.engine = DecisionEngine(self.config)
-        self.self_check_ok, _ = engine_self_check(self._score_ids, synthetic_requests(self.engine.spec.vocab_size))
+        try:
+            self.self_check_ok, _ = engine_self_check(self._score_ids, synthetic_requests(self.engine.spec.vocab_size))
+        except BaseException:
+            self.engine.close()
+            raise
+
+    def close(self) -> None:
+        self.engine.close()
+
+    @property
+    def available(self) -> bool:
+        return self.engine.workers is None or self.engine.workers.failure is None
 
     def _score_ids(self, requests: list[EncodedRequest]) -> list[list[np.ndarray]]:
         results, _ = self.engine.score(requests)

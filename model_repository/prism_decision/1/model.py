@@ -9,6 +9,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from prism_backend.engine import EngineUnavailable
 from prism_backend.errors import RequestError
 from prism_backend.metrics import EngineMetrics
 from prism_backend.serving import TOKEN_TENSORS, DecisionStep, model_parameters, numpy_inputs
@@ -32,6 +33,11 @@ class TritonPythonModel:
         batch = [numpy_inputs(pb_utils.get_input_tensor_by_name, r, TOKEN_TENSORS) for r in requests]
         try:
             results, stats = self.step.run(batch)
+        except EngineUnavailable as exc:  # a TP worker died: fail fast and say so, never hang
+            self.metrics.available.set(0.0)
+            pb_utils.Logger.log_error(f"prism_decision: {exc}")
+            error = pb_utils.TritonError(f"prism_decision unavailable: {exc}", pb_utils.TritonError.UNAVAILABLE)
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
         except Exception as exc:  # a bug: fail this batch with a clear message, keep serving
             pb_utils.Logger.log_error(f"prism_decision: {exc!r}")
             error = pb_utils.TritonError(f"internal error: {exc}")
@@ -47,5 +53,12 @@ class TritonPythonModel:
         self.metrics.record_batch(stats, len(requests), errors, time.perf_counter() - start, self.step.engine.cache)
         return responses
 
+    def is_ready(self):
+        """Readiness hook of newer Python backends (python_backend PR #430, 2026): not ready once a
+        tensor-parallel worker has died. Triton 2.51 does not call it; there the requests fail fast
+        with UNAVAILABLE and prism_engine_available drops to 0."""
+        return self.step.available
+
     def finalize(self):
+        self.step.close()  # tensor-parallel workers exit with the model
         self.metrics.close()
