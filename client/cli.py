@@ -130,7 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--grpc", action="store_true")
     check.add_argument("--rounds", type=int, default=3, help="times each request is sent per concurrency")
     check.set_defaults(func=cmd_determinism_check)
+
+    bench = sub.add_parser("bench", help="Prism vs vLLM vs Hugging Face side by side (bench/side_by_side.py)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on, e.g. --repeats 5 --quick")
+    bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def cmd_bench(args) -> int:
+    """`make bench` without make: bench/side_by_side.py from this checkout (needs .venv-vllm for vLLM)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "side_by_side.py"
+    if not script.exists():
+        raise FileNotFoundError(f"{script} not found: `prism bench` runs from a Prism checkout")
+    return subprocess.call([sys.executable, str(script), *args.bench_args])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,7 @@ def test_set_parameter_requires_existing_key():
 @pytest.mark.parametrize("args, message", [
     (["--precision", "fp16"], "invalid choice"),
     (["--instances", "0"], "must be >= 1"),
-    (["--tp", "2"], "tensor parallelism is not available yet"),
+    (["--tp", "0"], "must be >= 1"),
     (["--model-dir", "/nonexistent"], "holds no Hugging Face checkpoint"),
     (["--http-port", "9000", "--grpc-port", "9000"], "must differ"),
 ])

@@ -59,7 +59,7 @@ def test_unload_and_reload_without_leaking_stubs(model_dir):
             assert wait_for(lambda: not stubs_of(pid)), stubs_of(pid)
             assert not PrismClient(url).is_ready()
             admin.load_model("prism")  # loads its composing models too
-            assert wait_for(lambda: PrismClient(url).is_ready())
+            assert wait_for(lambda: PrismClient(url).is_ready(), timeout=240)  # an int8 load calibrates first
             assert len(stubs_of(pid)) == 3
             again = PrismClient(url).decide(SAMPLE_TICKET, ["team"])[0]
             assert again.probability_array().tobytes() == first.probability_array().tobytes()

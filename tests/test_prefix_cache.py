@@ -19,13 +19,14 @@ QUESTIONS = ["team", "severity", "reply_time"]
 def settings(pipeline, cache_bytes: int = 0, chunk: int = 0):
     """The session int8 pipeline (same weights) with a fresh cache and chunk size."""
     engine = pipeline.engine
-    saved = engine.config, engine.cache
-    engine.config = engine.config.replace(prefix_cache_bytes=cache_bytes, prefill_chunk_tokens=chunk)
+    saved = engine.config, engine.runner.config, engine.cache
+    engine.config = engine.runner.config = engine.config.replace(prefix_cache_bytes=cache_bytes,
+                                                                 prefill_chunk_tokens=chunk)
     engine.cache = PrefixCache(cache_bytes) if cache_bytes else None
     try:
         yield engine
     finally:
-        engine.config, engine.cache = saved
+        engine.config, engine.runner.config, engine.cache = saved
 
 
 def bits(results) -> list[bytes]:

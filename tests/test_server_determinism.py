@@ -55,3 +55,20 @@ def test_self_check_metric_is_one(int8_server):
     values = scrape(int8_server)
     instances = int8_server.options.instances
     assert metric(values, "prism_determinism_self_check") == instances  # 1 per instance
+
+
+def test_prefix_cache_serves_a_seen_ticket(int8_server):
+    """Questions about a ticket the server has seen reuse its cached blocks, with the same bits.
+    q1, q2, q2: with two instances the second q2 finds the ticket cached wherever it lands."""
+    client = PrismClient(f"localhost:{int8_server.options.http_port}")
+    material = "Prefix cache check: the CSV export drops the last column of every report. " * 12
+    before = scrape(int8_server)
+    client.decide(material, ["team"])
+    answers = [client.decide(material, ["severity"])[0].probability_array().tobytes() for _ in range(2)]
+    after = scrape(int8_server)
+    reused = metric(after, "prism_prefix_cache_tokens_reused_total") - metric(before, "prism_prefix_cache_tokens_reused_total")
+    assert reused >= 64 * 2  # at least the system prompt and the material's full blocks
+    assert answers[0] == answers[1]
+    for name in ("prism_prefix_cache_bytes", "prism_prefix_cache_hit_rate"):
+        assert metric(after, name) > 0, name
+    assert any(k.startswith("prism_prefix_cache_evictions_total") for k in after)

@@ -1,0 +1,395 @@
+"""Prism vs vLLM vs Hugging Face, on one machine, in one run (`make bench`, `prism bench`).
+
+    .venv/bin/python bench/side_by_side.py [--repeats 5] [--quick]
+
+Engines
+  prism engine int8 / fp32     the engine in-process (prefix cache off: every ticket is new)
+  prism triton int8 / fp32     the same through a real tritonserver over HTTP (PrismClient)
+  HF generic fp32 / bf16       transformers, one forward per question, full-vocabulary softmax
+  vLLM bf16 prefix on / off    vLLM's CPU build (.venv-vllm), candidate logprobs via logprob_token_ids
+Workloads
+  (a) a new ~600-token ticket, 3 questions        (b) 3 unrelated tickets, 1 question each
+  (c) 3 questions whose materials share 0-95% of a fixed length
+  (d) requests/s at concurrency 1, 4, 8 against the Prism and vLLM servers
+Every repeat uses a ticket no engine has seen (a numbered first line), so no cache can answer it.
+Also: peak memory of each engine, this machine's int8 and bf16 matmul peaks and the fraction of
+the int8 peak Prism reaches on (a). Writes bench/results/side_by_side.md and speedup_vs_shared.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from workloads import OTHER_TICKETS, SHARED_TICKET  # noqa: E402
+
+from prism_backend.config import EngineConfig  # noqa: E402
+from prism_backend.pipeline import DecisionPipeline  # noqa: E402
+from prism_backend.reference import HFReference  # noqa: E402
+from prism_client.client import PrismClient  # noqa: E402
+from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+QUESTIONS = ["team", "reply_time", "severity"]
+FILLER = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------ workloads
+def workload_a(n: int) -> list[dict]:
+    return [{"material": f"Ticket #{n}-A\n{SHARED_TICKET}", "tasks": QUESTIONS}]
+
+
+def workload_b(n: int) -> list[dict]:
+    return [{"material": f"Ticket #{n}-B{i}\n{t}", "tasks": [q]} for i, (t, q) in enumerate(zip(OTHER_TICKETS, QUESTIONS))]
+
+
+def workload_c(n: int, shared_fraction: float, length_words: int = 400) -> list[dict]:
+    """3 questions; their materials share the first `shared_fraction` of `length_words` words."""
+    words = " ".join(FILLER).split()
+    shared = int(length_words * shared_fraction)
+    head = [f"Ticket #{n}-C"] + words[:shared]
+    out = []
+    for i, q in enumerate(QUESTIONS):
+        own = words[(i + 1) * 1000 : (i + 1) * 1000 + length_words - shared]
+        out.append({"material": " ".join(head + [f"Part {i}:"] + own), "tasks": [q]})
+    return out
+
+
+def timed(fn, batches) -> list[float]:
+    fn(batches[0])  # warm-up on its own ticket
+    times = []
+    for batch in batches[1:]:
+        t0 = time.perf_counter()
+        fn(batch)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+# --------------------------------------------------------------------------------------- engines
+class PromptIds:
+    """Prompt and candidate ids of every question, from Prism's tokenizer step (all engines see the
+    same tokens)."""
+
+    def __init__(self, model_dir: Path):
+        self.pipeline = DecisionPipeline(EngineConfig(model_dir=model_dir, precision="fp32", prefix_cache_bytes=0),
+                                         REGISTRY)
+
+    def __call__(self, batch: list[dict]) -> list[tuple[list[int], list[int]]]:
+        out = []
+        for r in batch:
+            for t in r["tasks"]:
+                enc, _ = self.pipeline.frontend.encode(r["material"], [t], None)
+                out.append((list(enc.prompt_ids(0)), list(enc.candidates[0])))
+        return out
+
+
+def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path) -> dict:
+    spec = {"model_dir": str(model_dir), "prefix_caching": prefix_caching,
+            "calls": [[{"prompt_ids": p, "candidate_ids": c} for p, c in call] for call in calls]}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps(spec))
+        subprocess.run([str(VLLM_PYTHON), str(ROOT / "bench" / "vllm_driver.py"), str(src), str(dst)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return json.loads(dst.read_text())
+
+
+def peak_rss_of(code: str) -> float:
+    """GiB: peak resident memory of a fresh Python process running `code`."""
+    probe = code + "\nimport resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=ROOT)
+    return int(out.stdout.strip().splitlines()[-1]) / 2**20
+
+
+def process_tree_rss(pid: int) -> float:
+    """GiB resident in `pid` and its descendants (a server with its stubs and workers)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**30
+
+
+def matmul_peaks() -> dict[str, float]:
+    """GOPS of torch._int_mm (int8) and bf16 / fp32 matmul at a large square-ish shape."""
+    m, k, n = 1024, 2048, 2048
+    out = {}
+    cases = {"int8": (torch.randint(-127, 128, (m, k), dtype=torch.int8), torch.randint(-127, 128, (k, n), dtype=torch.int8),
+                      torch._int_mm),
+             "bf16": (torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16), torch.matmul),
+             "fp32": (torch.randn(m, k), torch.randn(k, n), torch.matmul)}
+    for name, (a, b, op) in cases.items():
+        op(a, b)
+        t0 = time.perf_counter()
+        reps = 10
+        for _ in range(reps):
+            op(a, b)
+        out[name] = 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+# ------------------------------------------------------------------------------------- throughput
+def throughput(send, concurrency: int, requests: int) -> float:
+    """Requests/s with `concurrency` callers sending `requests` distinct tickets in all."""
+    counter = iter(range(requests))
+    lock = threading.Lock()
+
+    def caller():
+        while True:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                return
+            send(n)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for f in [pool.submit(caller) for _ in range(concurrency)]:
+            f.result()
+    return requests / (time.perf_counter() - t0)
+
+
+class VllmServer:
+    def __init__(self, model_dir: Path):
+        import os
+
+        self.port = free_port()
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}", VLLM_CPU_KVCACHE_SPACE="2")
+        self.log = open(RESULTS / "vllm_server.log", "w")
+        self.proc = subprocess.Popen(
+            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+             "--port", str(self.port), "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
+             "--enable-prefix-caching", "--served-model-name", "m"], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("vLLM server exited; see bench/results/vllm_server.log")
+                time.sleep(1)
+        raise RuntimeError("vLLM server did not start in 300 s")
+
+    def send(self, prompts: list[tuple]) -> None:
+        """One request = a ticket's questions, sent at once (candidate sets differ per question, so
+        one /v1/completions call each; vLLM batches concurrent calls)."""
+        def one(prompt):
+            p, c = prompt
+            body = json.dumps({"model": "m", "prompt": p, "max_tokens": 1, "logprobs": 1,
+                               "logprob_token_ids": c, "temperature": 0}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=600).read()
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            list(pool.map(one, prompts))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+# ------------------------------------------------------------------------------------------ main
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per engine and workload (+1 warm-up)")
+    parser.add_argument("--quick", action="store_true", help="2 repeats, 3 sweep points, no fp32 server: a smoke run")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--no-vllm", action="store_true")
+    args = parser.parse_args()
+    reps = 2 if args.quick else args.repeats
+    fractions = [0.0, 0.5, 0.95] if args.quick else [0.0, 0.25, 0.5, 0.75, 0.95]
+    concurrency = [1, 4, 8]
+    vllm = not args.no_vllm and VLLM_PYTHON.exists()
+    RESULTS.mkdir(exist_ok=True)
+    ticket = iter(range(1, 10**6))  # every batch gets its own ticket number
+
+    def batches(make, *extra):
+        return [make(next(ticket), *extra) for _ in range(reps + 1)]
+
+    workloads = {"a: 1 ticket x 3 questions": batches(workload_a), "b: 3 tickets x 1 question": batches(workload_b)}
+    for f in fractions:
+        workloads[f"c: shared {int(100 * f)}%"] = batches(workload_c, f)
+    ids = PromptIds(args.model_dir)
+    prompts = {w: [ids(b) for b in bs] for w, bs in workloads.items()}
+    times: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
+    memory: dict[str, float] = {}
+
+    for precision in ("int8", "fp32"):
+        label = f"prism engine {precision}"
+        print(label, flush=True)
+        pipeline = DecisionPipeline(EngineConfig(model_dir=args.model_dir, precision=precision, prefix_cache_bytes=0),
+                                    REGISTRY)
+        for w, bs in workloads.items():
+            times[w][label] = timed(pipeline.decide_many, bs)
+        forest_tokens = pipeline.decide_many(next(iter(workloads.values()))[0])[1].tokens_computed  # (a)
+        del pipeline
+    for label, dtype in (("HF generic fp32", torch.float32), ("HF generic bf16", torch.bfloat16)):
+        print(label, flush=True)
+        ref = HFReference(args.model_dir, dtype)
+        for w in workloads:
+            times[w][label] = timed(lambda ps: [ref.candidate_probabilities(p, c) for p, c in ps], prompts[w])
+        del ref
+    if vllm:
+        for on in (True, False):
+            label = f"vLLM bf16 prefix {'on' if on else 'off'}"
+            print(label, flush=True)
+            calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
+            out = run_vllm(calls, on, args.model_dir)
+            seconds = out["seconds"][1:]
+            for i, w in enumerate(workloads):
+                chunk = seconds[i * (reps + 1) : (i + 1) * (reps + 1)]
+                times[w][label] = chunk[1:]  # first of each workload: warm-up, as for the others
+            memory[label + " (offline engine)"] = out["rss_bytes"] / 2**30
+
+    throughput_rows = {}
+    for precision in ("int8",) if args.quick else ("int8", "fp32"):
+        label = f"prism triton {precision}"
+        print(label, flush=True)
+        options = ServerOptions(precision=precision, http_port=free_port(), grpc_port=free_port(),
+                                metrics_port=free_port(), model_dir=args.model_dir,
+                                extra_parameters={"prefix_cache_bytes": "0"})
+        with TritonServer(options) as server:
+            url = f"localhost:{options.http_port}"
+            local = threading.local()
+
+            def client():
+                if not hasattr(local, "client"):  # tritonclient's HTTP client is not thread-safe
+                    local.client = PrismClient(url)
+                return local.client
+
+            def send_batch(batch):
+                with ThreadPoolExecutor(len(batch)) as pool:
+                    list(pool.map(lambda r: client().decide(r["material"], r["tasks"]), batch))
+
+            for w, bs in workloads.items():
+                if precision == "int8" or not w.startswith("c"):
+                    times[w][label] = timed(send_batch, bs)
+            if precision == "int8":
+                memory[label + " (server: tritonserver + stubs)"] = process_tree_rss(server.process.pid)
+                throughput_rows[label] = [throughput(lambda n: send_batch(workload_a(10**5 + n)), c, 2 * c + 2)
+                                          for c in concurrency]
+    if vllm:
+        print("vLLM server", flush=True)
+        server = VllmServer(args.model_dir)
+        try:
+            throughput_rows["vLLM server bf16 prefix on"] = [
+                throughput(lambda n: server.send(ids(workload_a(2 * 10**5 + n))), c, 2 * c + 2) for c in concurrency]
+            memory["vLLM server bf16 prefix on (server processes)"] = process_tree_rss(server.proc.pid)
+        finally:
+            server.stop()
+
+    engine_code = ("from prism_backend.config import EngineConfig; from prism_backend.pipeline import DecisionPipeline; "
+                   "from pathlib import Path; p = DecisionPipeline(EngineConfig(model_dir=Path({d!r}), precision={p!r}, "
+                   "prefix_cache_bytes=0), Path({r!r})); p.decide({t!r}, ['team', 'reply_time', 'severity'])")
+    for precision in ("int8", "fp32"):
+        memory[f"prism engine {precision} (process peak)"] = peak_rss_of(engine_code.format(
+            d=str(args.model_dir), p=precision, r=str(REGISTRY), t=SHARED_TICKET))
+    peaks = matmul_peaks()
+    write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens)
+
+
+def write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps,
+                 forest_tokens: int) -> None:
+    base = "prism engine int8"
+    med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
+    lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "",
+             f"`{' '.join(['.venv/bin/python', 'bench/side_by_side.py'] + sys.argv[1:])}` on "
+             f"{torch.get_num_threads()} threads; SmolLM2-135M-Instruct; median of {reps} runs, each on a ticket no "
+             "engine had seen (spread = min-max); ratio = engine time / Prism engine int8 time (> 1: Prism is "
+             "faster).", "",
+             "| workload | engine | ms (median) | spread ms | ratio |", "|---|---|---|---|---|"]
+    for w in workloads:
+        for e, t in times[w].items():
+            ms = [1000 * x for x in t]
+            lines.append(f"| {w} | {e} | {med[w][e]:.0f} | {min(ms):.0f}-{max(ms):.0f} | "
+                         f"{med[w][e] / med[w][base]:.2f}x |")
+    lines += ["", "## (d) Throughput, requests/s (a request = a new ticket with 3 questions)", "",
+              "| server | " + " | ".join(f"concurrency {c}" for c in concurrency) + " |",
+              "|---|" + "---|" * len(concurrency)]
+    for label, row in throughput_rows.items():
+        lines.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
+    lines += ["", "## Memory (GiB resident)", "", "| engine | GiB |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in memory.items()]
+
+    a = next(w for w in workloads if w.startswith("a"))
+    b = next(w for w in workloads if w.startswith("b"))
+    spec = json.loads((Path(args.model_dir) / "config.json").read_text())
+    h, inter, layers = spec["hidden_size"], spec["intermediate_size"], spec["num_hidden_layers"]
+    kv = h // spec["num_attention_heads"] * spec["num_key_value_heads"]
+    params = layers * (h * (h + 2 * kv) + h * h + 3 * h * inter)  # projections only
+    useful = 2 * params * forest_tokens / (med[a][base] / 1000) / 1e9
+    lines += ["", "## Roofline (workload a)", "",
+              f"Matmul peaks measured here with torch: int8 `_int_mm` {peaks['int8']:.0f} GOPS, bf16 "
+              f"{peaks['bf16']:.0f} GFLOPS, fp32 {peaks['fp32']:.0f} GFLOPS. Prism int8 on (a): "
+              f"{forest_tokens} tokens x {2 * params / 1e9:.2f} GOP of projections per token in {med[a][base]:.0f} ms "
+              f"= {useful:.0f} useful GOPS = {100 * useful / peaks['int8']:.0f}% of the int8 peak "
+              f"({100 * 2 * useful / peaks['int8']:.0f}% counting the second activation pass it really runs)."]
+    targets = []
+    if "vLLM bf16 prefix off" in med[a]:
+        targets = [("(a) vs vLLM prefix caching off", med[a]["vLLM bf16 prefix off"] / med[a][base], 5.3),
+                   ("(a) vs vLLM prefix caching on", med[a]["vLLM bf16 prefix on"] / med[a][base], 2.5),
+                   ("(b) vs vLLM prefix caching on", med[b]["vLLM bf16 prefix on"] / med[b][base], 2.0)]
+    overhead = med[a]["prism triton int8"] / med[a][base] - 1
+    lines += ["", "## Against the targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for name, got, goal in targets:
+        lines.append(f"| {name} | {got:.2f}x | >= {goal}x | {'yes' if got >= goal else 'no'} |")
+    lines.append(f"| Triton server overhead on (a) | {100 * overhead:.0f}% | < 10% | {'yes' if overhead < 0.1 else 'no'} |")
+    server_mem = [v for k, v in memory.items() if k.startswith("prism triton int8")]
+    vllm_mem = [v for k, v in memory.items() if k.startswith("vLLM server")]
+    if server_mem and vllm_mem:
+        ratio = server_mem[0] / vllm_mem[0]
+        lines.append(f"| serving memory vs vLLM | {ratio:.2f} of vLLM's | <= 0.25 | {'yes' if ratio <= 0.25 else 'no'} |")
+
+    plot_fractions = [w for w in workloads if w.startswith("c")]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for e in times[plot_fractions[0]]:
+            if e == base:
+                continue
+            ax.plot([100 * f for f in fractions], [med[w][e] / med[w][base] for w in plot_fractions], marker="o", label=e)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("shared fraction of the material (%)")
+        ax.set_ylabel("engine time / Prism int8 time")
+        ax.set_title("Prism int8 speedup vs shared fraction (3 questions)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(RESULTS / "speedup_vs_shared.png", dpi=110)
+        lines += ["", "![speedup vs shared fraction](speedup_vs_shared.png)"]
+    except ImportError:
+        lines += ["", "(matplotlib is not installed: no plot; `make bench` installs it)"]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "side_by_side.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
