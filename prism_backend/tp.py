@@ -38,23 +38,33 @@ class Shard:
     columns: tuple[int, int]  # [first, end) of the MLP intermediate columns
 
 
+# torch's CPU element-wise kernels run 2 SIMD vectors (32 floats with AVX-512) per step and finish
+# a row's remainder with scalar code, which rounds some functions (silu's exp, fused multiply-adds)
+# differently. Shard widths that are multiples of this keep every element on the same code path
+# as in the unsplit layer, which is what makes TP bit-identical beyond the exact integer products.
+WIDTH_ALIGN = 32
+
+
 def plan_shards(spec: ModelSpec, world: int) -> list[Shard]:
-    """Whole KV groups per rank (as even as possible: 3 KV heads on 2 ranks -> 2 + 1)."""
+    """Whole KV groups per rank (as even as possible: 3 KV heads on 2 ranks -> 1 + 2) and MLP
+    column slices cut at multiples of WIDTH_ALIGN."""
     if spec.num_kv_heads < world:
         raise ConfigError(
             f"tp_size {world} is larger than the model's {spec.num_kv_heads} KV heads; KV heads are split, "
             f"not replicated, so use tp_size <= {spec.num_kv_heads}")
-    if spec.intermediate_size < world:
-        raise ConfigError(f"tp_size {world} exceeds the MLP width {spec.intermediate_size}")
     group = spec.num_heads // spec.num_kv_heads
-
-    def split(n: int, r: int) -> tuple[int, int]:
-        return n * r // world, n * (r + 1) // world
-
+    if (group * spec.head_dim) % WIDTH_ALIGN:
+        raise ConfigError(f"tensor parallelism needs a KV group's width (here {group} x {spec.head_dim}) to be "
+                          f"a multiple of {WIDTH_ALIGN} for bit-identical results; use tp_size 1 for this model")
+    cuts = [0] + [spec.intermediate_size * r // world // WIDTH_ALIGN * WIDTH_ALIGN for r in range(1, world)] \
+        + [spec.intermediate_size]
+    if any(b <= a for a, b in zip(cuts, cuts[1:])):
+        raise ConfigError(f"the MLP width {spec.intermediate_size} is too narrow to split {world} ways "
+                          f"in multiples of {WIDTH_ALIGN}")
     shards = []
     for r in range(world):
-        g0, g1 = split(spec.num_kv_heads, r)
-        shards.append(Shard(r, world, (g0, g1), (g0 * group, g1 * group), split(spec.intermediate_size, r)))
+        g0, g1 = spec.num_kv_heads * r // world, spec.num_kv_heads * (r + 1) // world
+        shards.append(Shard(r, world, (g0, g1), (g0 * group, g1 * group), (cuts[r], cuts[r + 1])))
     return shards
 
 
