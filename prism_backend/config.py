@@ -40,7 +40,7 @@ class EngineConfig:
     kernels: str = "auto"
     # Prefix KV cache and chunked prefill (prefix_cache.py, forest.py). System prompt and material are
     # cut into blocks of kv_block_tokens: the unit of the cache and of prefill chunks.
-    kv_block_tokens: int = 64
+    kv_block_tokens: int = 128
     prefix_cache_bytes: int = 256 * 1024 * 1024  # K/V held across batches, LRU-evicted; 0 = no cache
     prefill_chunk_tokens: int = 2048  # most rows computed in one pass over the layers; 0 = no limit
     system_prompt: str = DEFAULT_SYSTEM_PROMPT

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .config import EngineConfig
 from .prefix_cache import ROOT_KEY, CacheEntry, PrefixCache, block_key
 from .prompt import EncodedRequest
 
@@ -83,7 +84,8 @@ def _blocks(tokens: tuple[int, ...], size: int) -> list[tuple[int, ...]]:
     return [tokens[i : i + size] for i in range(0, len(tokens), size)]
 
 
-def build_forest(requests: list[EncodedRequest], block_tokens: int = 64, cache: PrefixCache | None = None) -> Forest:
+def build_forest(requests: list[EncodedRequest], block_tokens: int = EngineConfig.kv_block_tokens,
+                 cache: PrefixCache | None = None) -> Forest:
     plan: list[_Planned] = []
     index_of: dict[tuple, int] = {}
     answer_of: dict[int, int] = {}  # plan index of a branch -> answer index
