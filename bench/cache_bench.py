@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,8 @@ def stream(n: int) -> list[tuple[str, dict]]:
 
 
 def run_prism(requests, cache_bytes: int, model_dir: Path) -> tuple[list[float], list]:
-    config = EngineConfig(model_dir=model_dir, precision="int8", prefix_cache_bytes=cache_bytes)
+    config = EngineConfig(model_dir=model_dir, precision="int8", prefix_cache_bytes=cache_bytes,
+                          num_threads=len(os.sched_getaffinity(0)))  # `taskset -c 1 ...` pins every engine
     pipeline = DecisionPipeline(config, REGISTRY)
     pipeline.decide_many([{"material": "Warm-up ticket.", "tasks": ["team"]}])
     seconds, decisions = [], []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,8 @@ from prism_client.client import PrismClient  # noqa: E402
 from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+CPUS = sorted(os.sched_getaffinity(0))  # `taskset -c 1 ...` runs every engine on core 1 only
+THREADS = len(CPUS)
 REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 QUESTIONS = ["team", "reply_time", "severity"]
@@ -172,10 +175,8 @@ def throughput(send, concurrency: int, requests: int) -> float:
 
 class VllmServer:
     def __init__(self, model_dir: Path):
-        import os
-
         self.port = free_port()
-        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}", VLLM_CPU_KVCACHE_SPACE="2")
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, CPUS)), VLLM_CPU_KVCACHE_SPACE="2")
         self.log = open(RESULTS / "vllm_server.log", "w")
         self.proc = subprocess.Popen(
             [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
@@ -219,6 +220,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args()
+    torch.set_num_threads(THREADS)
     reps = 2 if args.quick else args.repeats
     fractions = [0.0, 0.5, 0.95] if args.quick else [0.0, 0.25, 0.5, 0.75, 0.95]
     concurrency = [1, 4, 8]
@@ -240,8 +242,8 @@ def main() -> None:
     for precision in ("int8", "fp32"):
         label = f"prism engine {precision}"
         print(label, flush=True)
-        pipeline = DecisionPipeline(EngineConfig(model_dir=args.model_dir, precision=precision, prefix_cache_bytes=0),
-                                    REGISTRY)
+        pipeline = DecisionPipeline(EngineConfig(model_dir=args.model_dir, precision=precision, prefix_cache_bytes=0,
+                                                 num_threads=THREADS), REGISTRY)
         for w, bs in workloads.items():
             times[w][label] = timed(pipeline.decide_many, bs)
         forest_tokens = pipeline.decide_many(next(iter(workloads.values()))[0])[1].tokens_computed  # (a)
@@ -270,7 +272,7 @@ def main() -> None:
         print(label, flush=True)
         options = ServerOptions(precision=precision, http_port=free_port(), grpc_port=free_port(),
                                 metrics_port=free_port(), model_dir=args.model_dir,
-                                extra_parameters={"prefix_cache_bytes": "0"})
+                                extra_parameters={"prefix_cache_bytes": "0", "num_threads": str(THREADS)})
         with TritonServer(options) as server:
             url = f"localhost:{options.http_port}"
             local = threading.local()
@@ -317,7 +319,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
     lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "",
              f"`{' '.join(['.venv/bin/python', 'bench/side_by_side.py'] + sys.argv[1:])}` on "
-             f"{torch.get_num_threads()} threads; SmolLM2-135M-Instruct; median of {reps} runs, each on a ticket no "
+             f"{THREADS} thread(s), CPU(s) {CPUS} for every engine; SmolLM2-135M-Instruct; median of {reps} runs, each on a ticket no "
              "engine had seen (spread = min-max); ratio = engine time / Prism engine int8 time (> 1: Prism is "
              "faster).", "",
              "| workload | engine | ms (median) | spread ms | ratio |", "|---|---|---|---|---|"]

@@ -25,8 +25,7 @@ import time
 
 def main() -> int:
     spec = json.load(open(sys.argv[1]))
-    cores = os.cpu_count() or 1
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import psutil
     from vllm import LLM, SamplingParams
