@@ -98,7 +98,8 @@ def main() -> None:
 
     base = {k: median_ms(timings["prism int8, prefix cache"], k) for k in ("new ticket", "seen ticket")}
     lines = [f"# Prefix cache: a stream of {args.tickets} new tickets, each asked a second question once seen", "",
-             f"`.venv/bin/python bench/cache_bench.py --tickets {args.tickets}`; one request at a time, "
+             f"`.venv/bin/python bench/cache_bench.py --tickets {args.tickets}` on CPU(s) "
+             f"{sorted(os.sched_getaffinity(0))} (one thread per CPU, every engine); one request at a time, "
              "median latency per request kind; ratio = engine / Prism with its cache.", "",
              "| engine | new ticket (ms) | seen ticket, new question (ms) | new: ratio | seen: ratio |",
              "|---|---|---|---|---|"]
