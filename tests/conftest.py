@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
 
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,16 @@ def tiny_model_dir(tmp_path_factory, model_dir):
         return made[arch]
 
     return make
+
+
+def wait_for(predicate, timeout: float = 60.0) -> bool:
+    """Poll `predicate` until it holds or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.3)
+    return False
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import tritonclient.http as httpclient
@@ -12,7 +11,7 @@ import tritonclient.http as httpclient
 from prism_client.client import PrismClient
 from prism_client.server import ServerOptions, TritonServer
 
-from conftest import SAMPLE_TICKET, free_port
+from conftest import SAMPLE_TICKET, free_port, wait_for
 
 
 def stubs_of(pid: int) -> list[int]:
@@ -30,15 +29,6 @@ def stubs_of(pid: int) -> list[int]:
         if ppid == pid and b"triton_python_backend_stub" in cmdline:
             found.append(int(entry.name))
     return found
-
-
-def wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def options(model_dir, **kw):

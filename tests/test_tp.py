@@ -16,7 +16,7 @@ from prism_backend.pipeline import DecisionPipeline
 from prism_client.client import PrismClient, PrismError
 from prism_client.server import ServerOptions, TritonServer
 
-from conftest import REGISTRY, SAMPLE_TICKET, free_port
+from conftest import REGISTRY, SAMPLE_TICKET, free_port, wait_for
 
 BATCH = [{"material": SAMPLE_TICKET, "tasks": ["team", "severity", "reply_time"]},
          {"material": "The mobile app logs me out every few minutes.", "tasks": ["severity@1"]},
@@ -40,15 +40,6 @@ def tp_workers() -> list[int]:
             if b"prism_backend.tp_worker" in cmdline and state != "Z":
                 found.append(int(entry.name))
     return found
-
-
-def wait_for(predicate, timeout=60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return False
 
 
 def test_tp2_is_bit_identical_to_tp1_for_the_embedded_model(int8_pipeline):
