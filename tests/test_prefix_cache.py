@@ -121,7 +121,7 @@ def test_material_up_to_the_full_context(tiny_model_dir):
     with settings(pipeline, chunk=512):
         (chunked,), stats = pipeline.decide_many(request)
     assert not isinstance(chunked, Exception), chunked
-    assert stats.tokens_computed > 1900 and stats.max_chunk_rows <= 512 and stats.chunks == 4
+    assert stats.tokens_computed > 1900 and stats.max_chunk_rows <= 512 and stats.chunks >= 4
     p = np.array(list(chunked[0]["probabilities"].values()))
     assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-5
     with settings(pipeline):
