@@ -15,22 +15,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.pipeline import DecisionPipeline  # noqa: E402
 from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def ticket_threads(n: int) -> list[str]:
@@ -61,19 +60,10 @@ def run_prism(requests, cache_bytes: int, model_dir: Path) -> tuple[list[float],
     return seconds, decisions
 
 
-def run_vllm(decisions, prefix_caching: bool, model_dir: Path) -> dict:
-    calls = [[{"prompt_ids": d["prompt_ids"], "candidate_ids": d["candidate_ids"]}] for d in decisions]
-    warm = [[{"prompt_ids": [1, 2, 3], "candidate_ids": [4, 5]}]]  # first call pays one-off setup
-    with tempfile.TemporaryDirectory() as tmp:
-        spec, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        spec.write_text(json.dumps({"model_dir": str(model_dir), "prefix_caching": prefix_caching,
-                                    "calls": warm + calls}))
-        subprocess.run([str(VLLM_PYTHON), str(ROOT / "bench" / "vllm_driver.py"), str(spec), str(out)], check=True,
-                       stdout=subprocess.DEVNULL)
-        result = json.loads(out.read_text())
-    result["seconds"] = result["seconds"][1:]
-    result["probabilities"] = result["probabilities"][1:]
-    return result
+def vllm_seconds(decisions, prefix_caching: bool, model_dir: Path) -> list[float]:
+    calls = [[([1, 2, 3], [4, 5])]]  # first call pays one-off setup: not timed
+    calls += [[(d["prompt_ids"], d["candidate_ids"])] for d in decisions]
+    return run_vllm(calls, prefix_caching, model_dir)["seconds"][1:]
 
 
 def main() -> None:
@@ -91,7 +81,7 @@ def main() -> None:
     if not args.no_vllm and VLLM_PYTHON.exists():
         for on in (False, True):
             label = f"vLLM bf16, prefix caching {'on' if on else 'off'}"
-            timings[label] = run_vllm(decisions, on, args.model_dir)["seconds"]
+            timings[label] = vllm_seconds(decisions, on, args.model_dir)
 
     def median_ms(seconds, kind):
         return 1000 * statistics.median(s for s, k in zip(seconds, kinds) if k == kind)

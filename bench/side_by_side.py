@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -34,29 +33,23 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 from workloads import OTHER_TICKETS, SHARED_TICKET  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.pipeline import DecisionPipeline  # noqa: E402
 from prism_backend.reference import HFReference  # noqa: E402
 from prism_client.client import PrismClient  # noqa: E402
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer  # noqa: E402
+from prism_client.server import (  # noqa: E402
+    DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer, free_port)
 
 RESULTS = ROOT / "bench" / "results"
 CPUS = sorted(os.sched_getaffinity(0))  # `taskset -c 1 ...` runs every engine on core 1 only
 THREADS = len(CPUS)
 REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+LOG = ROOT / ".run" / "vllm_server.log"  # git-ignored
 QUESTIONS = ["team", "reply_time", "severity"]
 FILLER = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------ workloads
@@ -106,17 +99,6 @@ class PromptIds:
                 enc, _ = self.pipeline.frontend.encode(r["material"], [t], None)
                 out.append((list(enc.prompt_ids(0)), list(enc.candidates[0])))
         return out
-
-
-def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path) -> dict:
-    spec = {"model_dir": str(model_dir), "prefix_caching": prefix_caching,
-            "calls": [[{"prompt_ids": p, "candidate_ids": c} for p, c in call] for call in calls]}
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        src.write_text(json.dumps(spec))
-        subprocess.run([str(VLLM_PYTHON), str(ROOT / "bench" / "vllm_driver.py"), str(src), str(dst)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return json.loads(dst.read_text())
 
 
 def peak_rss_of(code: str) -> float:
@@ -177,7 +159,8 @@ class VllmServer:
     def __init__(self, model_dir: Path):
         self.port = free_port()
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, CPUS)), VLLM_CPU_KVCACHE_SPACE="2")
-        self.log = open(RESULTS / "vllm_server.log", "w")
+        LOG.parent.mkdir(exist_ok=True)
+        self.log = open(LOG, "w")
         self.proc = subprocess.Popen(
             [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
              "--port", str(self.port), "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
@@ -189,7 +172,7 @@ class VllmServer:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError("vLLM server exited; see bench/results/vllm_server.log")
+                    raise RuntimeError(f"vLLM server exited; see {LOG}")
                 time.sleep(1)
         raise RuntimeError("vLLM server did not start in 300 s")
 

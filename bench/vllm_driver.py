@@ -19,8 +19,26 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
+
+
+def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path) -> dict:
+    """The benchmarks' side (main virtualenv): run this script in .venv-vllm on `calls`, each a
+    list of (prompt ids, candidate ids) submitted together; returns its OUT dict."""
+    spec = {"model_dir": str(model_dir), "prefix_caching": prefix_caching,
+            "calls": [[{"prompt_ids": p, "candidate_ids": c} for p, c in call] for call in calls]}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps(spec))
+        subprocess.run([str(VLLM_PYTHON), __file__, str(src), str(dst)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return json.loads(dst.read_text())
 
 
 def main() -> int:

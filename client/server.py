@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -128,6 +129,13 @@ def server_environment(paths: dict[str, Path]) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PRISM_PYTHON"] = sys.executable  # tensor-parallel workers: inside the stub, sys.executable is not Python
     return env
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for servers started on "any free port")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def http_ready(port: int, timeout: float = 1.0) -> bool:

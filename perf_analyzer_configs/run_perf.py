@@ -15,7 +15,6 @@ import csv
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from workloads import shared_workload, unshared_workload  # noqa: E402
 
-from prism_client.server import ServerOptions, TritonServer, _package_dir  # noqa: E402
+from prism_client.server import ServerOptions, TritonServer, _package_dir, free_port  # noqa: E402
 
 WORKLOADS = {"shared": shared_workload, "unshared": unshared_workload}
 
@@ -63,12 +62,6 @@ def run_perf(url: str, data: Path, concurrency: int) -> dict[str, float]:
     csv_path.unlink()
     return {"throughput": float(row["Inferences/Second"]),
             "p50_ms": float(row["p50 latency"]) / 1000, "p99_ms": float(row["p99 latency"]) / 1000}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

@@ -32,15 +32,6 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal
     return out[0].transpose(0, 1)
 
 
-def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
-    """All rows: q: (N, Hq, D); k, v: (N, Hkv, D) -> (N, Hq, D)."""
-    out = torch.empty_like(q)
-    for seg in segments:
-        rows = slice(seg.start, seg.start + seg.length)
-        out[rows] = _sdpa(q[rows], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=True)
-    return out
-
-
 def answer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branches: list[Segment]) -> torch.Tensor:
     """Only the answer (last) row of each branch: q: (A, Hq, D) in branch order -> (A, Hq, D)."""
     out = torch.empty_like(q)

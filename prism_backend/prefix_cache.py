@@ -35,7 +35,6 @@ def block_key(parent_key: bytes, tokens: tuple[int, ...]) -> bytes:
 @dataclass
 class CacheEntry:
     tokens: tuple[int, ...]
-    parent_key: bytes
     k: torch.Tensor  # (layers, n, Hkv, D) float32
     v: torch.Tensor  # (layers, n, Hkv, D) float32
 

@@ -129,6 +129,5 @@ class ForestRunner:
             rows = slice(seg.start, seg.start + seg.length)
             k = torch.stack([layer_k[rows] for layer_k, _ in kv])  # (layers, n, Hkv, D)
             v = torch.stack([layer_v[rows] for _, layer_v in kv])
-            parent = forest.segments[seg.parent].cache_key if seg.parent >= 0 else b""
             tokens = tuple(forest.token_ids[rows].tolist())
-            self.cache.insert(seg.cache_key, CacheEntry(tokens, parent, k, v))
+            self.cache.insert(seg.cache_key, CacheEntry(tokens, k, v))

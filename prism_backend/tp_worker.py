@@ -106,7 +106,8 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
-    config = EngineConfig(**{**json.loads(config_json), "model_dir": Path(json.loads(config_json)["model_dir"])})
+    fields = json.loads(config_json)
+    config = EngineConfig(**{**fields, "model_dir": Path(fields["model_dir"])})
     import torch
 
     from .runner import ForestRunner, build_model

@@ -11,14 +11,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import shutil
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from prism_backend.config import EngineConfig
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer
+from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer, free_port  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
@@ -120,12 +119,6 @@ def wait_for(predicate, timeout: float = 60.0) -> bool:
             return True
         time.sleep(0.3)
     return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ from conftest import REGISTRY
 
 from kernels.int8_gemm import int8_gemm, int8_gemm_reference
 from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
-from prism_backend.attention import answer_attention
-from prism_backend.attention import tree_attention as torch_tree_attention
+from prism_backend.attention import ForestAttention, answer_attention
 from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.forest import build_forest
 from prism_backend.prompt import EncodedRequest
@@ -108,7 +107,8 @@ def test_tree_attention_matches_the_engines_torch_path():
     tuples = [(s.start, s.length, s.parent) for s in forest.segments]
     q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=5)
     out = tree_attention(q, k, v, build_layout(tuples))
-    torch.testing.assert_close(out, torch_tree_attention(q, k, v, forest.segments), atol=1e-5, rtol=0)
+    torch_path = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device)
+    torch.testing.assert_close(out, torch_path.rows(q, k, v), atol=1e-5, rtol=0)
 
     branches = [s for s in forest.segments if s.is_branch]
     queries = [(forest.segments.index(s), s.length - 1) for s in branches]

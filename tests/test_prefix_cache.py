@@ -134,16 +134,16 @@ def test_material_up_to_the_full_context(tiny_model_dir):
 
 # ---------------------------------------------------------------------------- the cache on its own
 
-def _entry(tokens, parent=b"", size=4):
+def _entry(tokens, size=4):
     t = torch.zeros(1, len(tokens), 1, size)
-    return CacheEntry(tuple(tokens), parent, t, t.clone())
+    return CacheEntry(tuple(tokens), t, t.clone())
 
 
 def test_lru_evicts_children_before_their_parents():
     cache = PrefixCache(budget_bytes=3 * _entry((1, 2)).nbytes)
     root = block_key(b"", (1, 2))
     child = block_key(root, (3, 4))
-    cache.insert(child, _entry((3, 4), root))  # leaf first, as the engine does
+    cache.insert(child, _entry((3, 4)))  # leaf first, as the engine does
     cache.insert(root, _entry((1, 2)))
     other = block_key(b"", (5, 6))
     cache.insert(other, _entry((5, 6)))
