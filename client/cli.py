@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prism_backend.config import PRECISIONS, ConfigError
 
+from .router import BALANCES
 from .server import DEFAULT_MODEL_DIR, ServerOptions, TritonServer
 
 
@@ -38,13 +39,57 @@ def cmd_serve(args) -> int:
     options = ServerOptions(
         precision=args.precision, instances=args.instances, tp=args.tp,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-        model_dir=ensure_model(args.model_dir),
+        model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size,
     )
+    if args.replicas > 1:
+        return serve_cluster(args, options)
     server = TritonServer(options)
     print(f"prism: starting tritonserver (log: {server.log_path})", file=sys.stderr)
     server.start()
     print(f"prism: ready. HTTP localhost:{args.http_port}  gRPC localhost:{args.grpc_port}  "
           f"metrics http://localhost:{args.metrics_port}/metrics  (Ctrl-C stops)", flush=True)
+    stop = _stop_on_signals()
+    try:
+        while not stop["now"] and server.running():
+            time.sleep(0.5)
+    finally:
+        code = server.stop()
+    print(f"prism: server stopped (exit code {code})", file=sys.stderr)
+    return 0
+
+
+def serve_cluster(args, options: ServerOptions) -> int:
+    """N replicas + the nginx router on the public ports; a replica that exits is started again."""
+    from .cluster import PrismCluster
+    from .router import RouterOptions
+
+    router = RouterOptions(http_listen=f"0.0.0.0:{args.http_port}", grpc_listen=f"0.0.0.0:{args.grpc_port}",
+                           balance=args.balance)
+    cluster = PrismCluster(args.replicas, options, router)
+    print(f"prism: starting {args.replicas} replicas + nginx router (logs: {cluster.workdir})", file=sys.stderr)
+    cluster.start()
+    for i, (server, metrics) in enumerate(zip(cluster.servers, cluster.metrics_urls)):
+        o = server.options
+        print(f"prism: replica {i}: HTTP 127.0.0.1:{o.http_port}  gRPC 127.0.0.1:{o.grpc_port}  "
+              f"metrics {metrics}", flush=True)
+    print(f"prism: ready. Router ({args.balance}): HTTP localhost:{args.http_port}  "
+          f"gRPC localhost:{args.grpc_port}  access log {cluster.router.access_log}  (Ctrl-C stops)", flush=True)
+    stop = _stop_on_signals()
+    try:
+        while not stop["now"]:
+            if not cluster.router.running():
+                print(f"prism: the router exited: {cluster.router.error_tail()}", file=sys.stderr)
+                return 1
+            for i in cluster.restart_dead():
+                print(f"prism: replica {i} had exited; started again", file=sys.stderr)
+            time.sleep(0.5)
+    finally:
+        cluster.stop()
+        print("prism: router and replicas stopped", file=sys.stderr)
+    return 0
+
+
+def _stop_on_signals() -> dict:
     stop = {"now": False}
 
     def on_signal(signum, frame):
@@ -52,13 +97,7 @@ def cmd_serve(args) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    try:
-        while not stop["now"] and server.process.poll() is None:
-            time.sleep(0.5)
-    finally:
-        code = server.stop()
-    print(f"prism: server stopped (exit code {code})", file=sys.stderr)
-    return 0
+    return stop
 
 
 def cmd_decide(args) -> int:
@@ -68,7 +107,7 @@ def cmd_decide(args) -> int:
     client = PrismClient(args.url or ("localhost:8001" if args.grpc else "localhost:8000"),
                          "grpc" if args.grpc else "http")
     try:
-        decisions = client.decide(material, args.task, system=args.system)
+        decisions = client.decide(material, args.task, system=args.system, urgent=args.urgent)
     except PrismError as exc:
         print(f"prism: {exc}", file=sys.stderr)
         return 1
@@ -107,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--precision", choices=PRECISIONS, default="int8")
     serve.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
     serve.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
+    serve.add_argument("--replicas", type=_positive_int, default=1,
+                       help="independent servers behind an nginx router on the HTTP/gRPC ports")
+    serve.add_argument("--balance", choices=BALANCES, default="consistent-hash",
+                       help="router policy with --replicas (consistent-hash on the material)")
+    serve.add_argument("--max-batch-size", type=_positive_int, default=None,
+                       help="prism_decision's max_batch_size (default: config.pbtxt's)")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
@@ -122,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--url", default=None, help="server address (default localhost:8000, gRPC 8001)")
     decide.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
     decide.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    decide.add_argument("--urgent", action="store_true",
+                        help="Triton priority 1: served ahead of queued non-urgent requests")
     decide.set_defaults(func=cmd_decide)
 
     check = sub.add_parser("determinism-check",

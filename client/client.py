@@ -1,12 +1,27 @@
 """A small typed client for the `prism` ensemble over Triton's HTTP or gRPC protocol (tritonclient)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
 MODEL_NAME = "prism"
+# Routing header: a hash of the system prompt and material. A router in front of several servers
+# (client/router.py: nginx, `hash ... consistent`) sends equal keys to the same server, whose prefix
+# cache already holds that material's KV. Requests without it are balanced round-robin.
+ROUTE_HEADER = "x-prism-route"
+# prism_decision's dynamic batcher has two priority levels (config.pbtxt); 1 is served first.
+URGENT_PRIORITY = 1
+
+
+def route_key(material: str | bytes, system: str | bytes | None = None) -> str:
+    """The routing key of a request: equal for equal (system prompt, material), whatever the tasks."""
+    digest = hashlib.sha256(_bytes(system or b""))
+    digest.update(b"\x00")
+    digest.update(_bytes(material))
+    return digest.hexdigest()[:32]
 
 
 class PrismError(RuntimeError):
@@ -72,6 +87,16 @@ def build_inputs(tc, material, tasks, system=None, return_prompt_ids=False) -> l
     return inputs
 
 
+def infer_options(protocol: str, timeout: float, material, system, urgent: bool) -> dict:
+    """Keyword arguments of tritonclient's infer(): routing header, priority, gRPC deadline."""
+    options = {"headers": {ROUTE_HEADER: route_key(material, system)}}
+    if urgent:
+        options["priority"] = URGENT_PRIORITY
+    if protocol == "grpc":
+        options["client_timeout"] = timeout
+    return options
+
+
 def parse_decisions(result) -> list[Decision]:
     return [Decision.from_json(x) for x in result.as_numpy("decisions").reshape(-1)]
 
@@ -88,11 +113,12 @@ class PrismClient:
             self._client = self._tc.InferenceServerClient(url)
 
     def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
-               return_prompt_ids: bool = False) -> list[Decision]:
+               return_prompt_ids: bool = False, urgent: bool = False) -> list[Decision]:
+        """urgent: Triton priority 1, ahead of every queued non-urgent request."""
         from tritonclient.utils import InferenceServerException
 
         inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
-        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+        kwargs = infer_options(self.protocol, self.timeout, material, system, urgent)
         try:
             return parse_decisions(self._client.infer(MODEL_NAME, inputs, **kwargs))
         except InferenceServerException as exc:
@@ -124,11 +150,11 @@ class AsyncPrismClient:
             self._client = aio.InferenceServerClient(url)
 
     async def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
-                     return_prompt_ids: bool = False) -> list[Decision]:
+                     return_prompt_ids: bool = False, urgent: bool = False) -> list[Decision]:
         from tritonclient.utils import InferenceServerException
 
         inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
-        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+        kwargs = infer_options(self.protocol, self.timeout, material, system, urgent)
         try:
             return parse_decisions(await self._client.infer(MODEL_NAME, inputs, **kwargs))
         except InferenceServerException as exc:

@@ -42,12 +42,18 @@ class ServerOptions:
     model_dir: Path = DEFAULT_MODEL_DIR
     extra_parameters: dict[str, str] = field(default_factory=dict)  # prism_decision parameters
     model_control_explicit: bool = False
+    max_batch_size: int | None = None  # prism_decision's; None keeps config.pbtxt's
+    servers_on_machine: int = 1  # replicas sharing these cores (client/cluster.py), for the thread share
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.instances < 1:
             raise ConfigError(f"--instances must be >= 1, got {self.instances}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ConfigError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
+        if self.servers_on_machine < 1:
+            raise ConfigError(f"servers_on_machine must be >= 1, got {self.servers_on_machine}")
         if self.tp < 1:
             raise ConfigError(f"--tp must be >= 1, got {self.tp}")
         ports = (self.http_port, self.grpc_port, self.metrics_port)
@@ -73,6 +79,18 @@ def set_instance_count(config_text: str, count: int) -> str:
     return new_text
 
 
+def usable_cpus() -> int:
+    """Cores this process may run on (`taskset` narrows them), not the machine's total."""
+    return len(os.sched_getaffinity(0))
+
+
+def set_max_batch_size(config_text: str, size: int) -> str:
+    new_text, n = re.subn(r"(?m)^(max_batch_size:\s*)\d+", lambda m: m.group(1) + str(size), config_text)
+    if n != 1:
+        raise ConfigError("config.pbtxt must have exactly one max_batch_size")
+    return new_text
+
+
 def render_model_repository(options: ServerOptions, target: Path) -> Path:
     """Copy model_repository/ to `target` with the options filled into its config.pbtxt files."""
     shutil.rmtree(target, ignore_errors=True)
@@ -85,9 +103,12 @@ def render_model_repository(options: ServerOptions, target: Path) -> Path:
             text = set_parameter(text, "precision", options.precision)
             text = set_instance_count(text, options.instances)
             text = set_parameter(text, "tp_size", str(options.tp))
-            # Instances (and their TP workers) share the cores: give each process its share of
-            # threads, or their OpenMP pools oversubscribe the machine and everything slows down.
-            threads = str(max(1, (os.cpu_count() or 1) // (options.instances * options.tp)))
+            if options.max_batch_size is not None:
+                text = set_max_batch_size(text, options.max_batch_size)
+            # Replicas, instances and their TP workers share the cores: give each process its share
+            # of threads, or their OpenMP pools oversubscribe the machine and everything slows down.
+            processes = options.servers_on_machine * options.instances * options.tp
+            threads = str(max(1, usable_cpus() // processes))
             text = set_parameter(text, "num_threads", options.extra_parameters.get("num_threads", threads))
             for key, value in options.extra_parameters.items():
                 text = set_parameter(text, key, value)
@@ -194,6 +215,10 @@ class TritonServer:
         return cmd
 
     def start(self, ready_timeout: float = 300.0) -> "TritonServer":
+        return self.launch().wait_ready(ready_timeout)
+
+    def launch(self) -> "TritonServer":
+        """Start the process without waiting (a cluster launches its replicas side by side)."""
         cmd = self.command()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
@@ -201,6 +226,9 @@ class TritonServer:
             start_new_session=True,  # its own process group: we stop it (and its stubs) explicitly
             preexec_fn=_stop_with_parent,
         )
+        return self
+
+    def wait_ready(self, ready_timeout: float = 300.0) -> "TritonServer":
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -212,6 +240,9 @@ class TritonServer:
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; log:\n{self.log_tail()}")
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def log_tail(self, lines: int = 40) -> str:
         try:

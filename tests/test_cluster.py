@@ -1,0 +1,274 @@
+"""Scale-out: `prism serve --replicas 2` (two tritonservers behind the nginx router) on loopback.
+
+Routing by the material key, bit-identical answers from every replica, repeats served from one
+replica's prefix cache, urgent priority end to end, failover when a replica is killed, restart,
+and a clean stop of the whole group.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, free_port, wait_for
+from prism_client.client import ROUTE_HEADER, PrismClient, route_key
+from prism_client.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
+from prism_backend.config import ConfigError
+
+TICKETS = [json.loads(line)["material"] for line in open(REPO_ROOT / "evals" / "data" / "tickets.jsonl")]
+# ~250-token support threads: long enough to fill whole 128-token prefix-cache blocks
+THREADS = ["\n\n".join(TICKETS[4 * i : 4 * i + 4]) for i in range(12)]
+
+
+def test_route_key_depends_on_system_and_material_only():
+    assert route_key("ticket") == route_key(b"ticket") == route_key("ticket", None)
+    assert route_key("ticket") != route_key("ticket 2")
+    assert route_key("ticket") != route_key("ticket", system="Be terse.")
+    assert re.fullmatch(r"[0-9a-f]{32}", route_key("ticket"))
+
+
+def test_rendered_router_config_is_valid_nginx(tmp_path):
+    replicas = [Replica("127.0.0.1:9000", "127.0.0.1:9001"), Replica("127.0.0.1:9010", "127.0.0.1:9011")]
+    router = NginxRouter(replicas, RouterOptions(http_listen="127.0.0.1:9100", grpc_listen="127.0.0.1:9101"), tmp_path)
+    text = router.write_conf().read_text()  # runs `nginx -t` on it
+    assert text.count("hash $http_x_prism_route consistent;") == 2  # HTTP and gRPC keyed pools
+    assert "default prism_http_keyed" in text and "default prism_grpc_keyed" in text
+    assert text.count("server 127.0.0.1:9000 max_fails=1") == 2 and "server 127.0.0.1:9011" in text
+    round_robin = render_nginx_conf(replicas, RouterOptions(balance="round-robin"), str(tmp_path))
+    assert "default prism_http_any" in round_robin and "default prism_http_keyed" not in round_robin
+    with pytest.raises(ConfigError, match="balance"):
+        render_nginx_conf(replicas, RouterOptions(balance="random"), None)
+    with pytest.raises(ConfigError, match="at least one replica"):
+        render_nginx_conf([], RouterOptions(), None)
+
+
+class Cluster:
+    """`prism serve --replicas 2` as a user starts it; addresses read from what it prints."""
+
+    def __init__(self):
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.stderr_path = REPO_ROOT / ".run" / f"cluster-cli-{self.http_port}.log"
+        self.stderr_path.parent.mkdir(exist_ok=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", "2",
+             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)],
+            stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
+        )
+        self.replicas: list[dict] = []
+        self.access_log: Path | None = None
+        self._read_banner()
+
+    def _read_banner(self) -> None:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter_until_ready(self.process.stdout)), daemon=True)
+        reader.start()
+        reader.join(600)
+        if not lines or "ready" not in lines[-1]:
+            self.process.kill()
+            raise RuntimeError(f"cluster did not start: {lines}\n{self.stderr_path.read_text()[-3000:]}")
+        for line in lines:
+            m = re.search(r"replica (\d+): HTTP (\S+)  gRPC (\S+)  metrics (\S+)", line)
+            if m:
+                self.replicas.append({"http": m[2], "grpc": m[3], "metrics": m[4]})
+        self.access_log = Path(re.search(r"access log (\S+)", lines[-1])[1])
+        self.workdir = self.access_log.parent.parent
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def replica_of(self, http_address: str) -> int:
+        return [r["http"] for r in self.replicas].index(http_address)
+
+    def server_pids(self, index: int) -> list[int]:
+        """tritonserver processes of replica `index` (their command line names its repository)."""
+        marker = f"{self.workdir}/replica-{index}/model_repository"
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if "tritonserver" in cmdline and marker in cmdline:
+                    pids.append(int(proc.name))
+        return pids
+
+    def group_processes(self) -> list[int]:
+        """Every process still running from this cluster's directory (servers, stubs, nginx)."""
+        out = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if str(self.workdir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                        out.append(int(proc.name))
+                except OSError:
+                    continue
+        return out
+
+
+def iter_until_ready(stream):
+    for line in stream:
+        yield line.rstrip("\n")
+        if line.startswith("prism: ready"):
+            return
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    yield c
+    if c.process.poll() is None:
+        c.process.kill()
+
+
+def scrape_metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def routed_entries(cluster, since: int, count: int | None = None) -> list[dict]:
+    """Inference entries of the router's access log after line `since`; waits for `count` of them
+    (nginx writes an entry just after the response has gone out)."""
+    def entries():
+        return [e for e in read_access_log(cluster.access_log)[since:]
+                if e["uri"].endswith("/infer") or e["uri"].endswith("/ModelInfer")]
+
+    if count is not None:
+        assert wait_for(lambda: len(entries()) >= count, 10)
+    return entries()
+
+
+def test_requests_route_by_material_key(cluster):
+    start = len(read_access_log(cluster.access_log))
+    http, grpc = PrismClient(cluster.url), PrismClient(f"127.0.0.1:{cluster.grpc_port}", "grpc")
+    for material in THREADS:
+        http.decide(material, ["team"])
+        http.decide(material, ["severity"])
+        grpc.decide(material, ["reply_time"])
+        grpc.decide(material, ["team"])
+    by_key = defaultdict(lambda: defaultdict(set))
+    for e in routed_entries(cluster, start, 4 * len(THREADS)):
+        protocol = "grpc" if e["uri"].endswith("ModelInfer") else "http"
+        by_key[protocol][e["route"]].add(e["upstream"])
+    keys = {route_key(m) for m in THREADS}
+    for protocol in ("http", "grpc"):
+        assert set(by_key[protocol]) == keys
+        assert all(len(upstreams) == 1 for upstreams in by_key[protocol].values())  # a key sticks to one replica
+        used = set().union(*by_key[protocol].values())
+        assert len(used) == 2  # and the keys spread over both replicas (12 keys: all on one is 2^-11)
+
+
+def test_every_replica_returns_identical_bits(cluster):
+    requests = [(THREADS[0], ["team", "severity"]), (TICKETS[100], ["reply_time"]), ("Printer on fire.", ["team"])]
+    answers = []
+    for address in [r["http"] for r in cluster.replicas] + [cluster.url]:
+        client = PrismClient(address)
+        answers.append([np.concatenate([d.probability_array() for d in client.decide(m, t)]).tobytes()
+                        for m, t in requests])
+    grpc = PrismClient(f"127.0.0.1:{cluster.grpc_port}", "grpc")
+    answers.append([np.concatenate([d.probability_array() for d in grpc.decide(m, t, urgent=True)]).tobytes()
+                    for m, t in requests])
+    assert all(a == answers[0] for a in answers[1:])
+
+
+def test_repeats_are_served_from_one_replicas_prefix_cache(cluster):
+    reused = [scrape_metric(r["metrics"], "prism_prefix_cache_tokens_reused_total") for r in cluster.replicas]
+    start = len(read_access_log(cluster.access_log))
+    client = PrismClient(cluster.url)
+    fresh = ["\n\n".join(TICKETS[200 + 4 * i : 204 + 4 * i]) for i in range(4)]
+    for material in fresh:
+        client.decide(material, ["team"])
+    for material in fresh:  # the same tickets again, new questions
+        client.decide(material, ["severity"])
+    entries = routed_entries(cluster, start, 8)
+    after = [scrape_metric(r["metrics"], "prism_prefix_cache_tokens_reused_total") for r in cluster.replicas]
+    gained = [a - b for a, b in zip(after, reused)]
+    # each repeat went where its first question went, and found at least its first 128-token block there
+    for first, repeat in zip(entries[:4], entries[4:]):
+        assert first["route"] == repeat["route"] and first["upstream"] == repeat["upstream"]
+    per_replica = defaultdict(int)
+    for e in entries[4:]:
+        per_replica[cluster.replica_of(e["upstream"])] += 1
+    for index, repeats in per_replica.items():
+        assert gained[index] >= 128 * repeats
+
+
+def test_requests_without_key_are_balanced_round_robin(cluster):
+    start = len(read_access_log(cluster.access_log))
+    body = json.dumps({"inputs": [
+        {"name": "material", "shape": [1], "datatype": "BYTES", "data": ["Screen flickers."]},
+        {"name": "tasks", "shape": [1], "datatype": "BYTES", "data": ["team"]}]}).encode()
+    replicas = []
+    for _ in range(4):
+        request = urllib.request.Request(f"http://{cluster.url}/v2/models/prism/infer", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            assert response.status == 200
+            replicas.append(response.headers["x-prism-replica"])
+    assert [e["route"] for e in routed_entries(cluster, start, 4)] == ["-"] * 4
+    assert len(set(replicas)) == 2  # alternating, not pinned
+
+
+def test_urgent_priority_is_accepted_end_to_end(cluster):
+    """The client's urgent flag is Triton request priority 1, a level prism_decision's batcher has."""
+    http = PrismClient(cluster.url)
+    normal = http.decide(THREADS[1], ["team"])[0]
+    urgent = http.decide(THREADS[1], ["team"], urgent=True)[0]
+    assert urgent.probability_array().tobytes() == normal.probability_array().tobytes()
+    body = json.dumps({"parameters": {"priority": 1}, "inputs": [
+        {"name": "material", "shape": [1], "datatype": "BYTES", "data": [THREADS[1]]},
+        {"name": "tasks", "shape": [1], "datatype": "BYTES", "data": ["team"]}]}).encode()
+    request = urllib.request.Request(f"http://{cluster.url}/v2/models/prism/infer", body,
+                                     {"Content-Type": "application/json", ROUTE_HEADER: route_key(THREADS[1])})
+    with urllib.request.urlopen(request) as response:
+        decision = json.loads(json.loads(response.read())["outputs"][0]["data"][0])
+    assert decision["probabilities"] == normal.probabilities
+    with urllib.request.urlopen(f"http://{cluster.replicas[0]['http']}/v2/models/prism_decision/config") as r:
+        batching = json.loads(r.read())["dynamic_batching"]
+    assert batching["priority_levels"] == 2 and batching["default_priority_level"] == 2
+
+
+def test_killed_replica_is_taken_out_then_restarted(cluster):
+    victim = cluster.replica_of(routed_entries(cluster, 0)[0]["upstream"])
+    pids = cluster.server_pids(victim)
+    assert pids
+    for group in {os.getpgid(pid) for pid in pids}:
+        os.killpg(group, signal.SIGKILL)  # the server and its Python stubs
+    client = PrismClient(cluster.url)
+    start = len(read_access_log(cluster.access_log))
+    reference = PrismClient(cluster.replicas[1 - victim]["http"])
+    for material in THREADS[:6]:  # half of these keys hashed to the dead replica
+        got = client.decide(material, ["team"])[0]
+        assert got.probabilities == reference.decide(material, ["team"])[0].probabilities
+    entries = routed_entries(cluster, start, 6)
+    assert all(e["status"] == "200" for e in entries)
+    assert {e["upstream"].split(", ")[-1] for e in entries} == {cluster.replicas[1 - victim]["http"]}
+    # the first request for the dead replica's keys was retried on the other one, the rest went there directly
+    assert any(e["upstream"] == f"{cluster.replicas[victim]['http']}, {cluster.replicas[1 - victim]['http']}"
+               for e in entries)
+    # `prism serve --replicas` notices and starts the replica again on its ports
+    assert wait_for(lambda: f"replica {victim} had exited" in cluster.stderr_path.read_text(), 300)
+    again = PrismClient(cluster.replicas[victim]["http"])
+    assert wait_for(again.is_ready, 60)
+    assert again.decide(THREADS[0], ["team"])[0].probabilities == client.decide(THREADS[0], ["team"])[0].probabilities
+
+
+def test_stop_ends_router_and_every_replica(cluster):
+    assert cluster.group_processes()  # nginx, two tritonservers, their stubs
+    cluster.process.send_signal(signal.SIGINT)
+    assert cluster.process.wait(120) == 0
+    assert "router and replicas stopped" in cluster.stderr_path.read_text()
+    assert wait_for(lambda: not cluster.group_processes(), 30)
