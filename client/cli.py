@@ -178,10 +178,23 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--rounds", type=int, default=3, help="times each request is sent per concurrency")
     check.set_defaults(func=cmd_determinism_check)
 
+    k8s = sub.add_parser("k8s", help="print the --replicas layout as Kubernetes manifests (router as entry point)")
+    k8s.add_argument("--replicas", type=_positive_int, default=2)
+    k8s.add_argument("--image", default="prism:latest", help="an image holding this repository and the model")
+    k8s.add_argument("--namespace", default="default")
+    k8s.set_defaults(func=cmd_k8s)
+
     bench = sub.add_parser("bench", help="Prism vs vLLM vs Hugging Face side by side (bench/side_by_side.py)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on, e.g. --repeats 5 --quick")
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def cmd_k8s(args) -> int:
+    from .kubernetes import manifest
+
+    sys.stdout.write(manifest(args.replicas, args.image, args.namespace))
+    return 0
 
 
 def cmd_bench(args) -> int:

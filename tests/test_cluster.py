@@ -52,6 +52,31 @@ def test_rendered_router_config_is_valid_nginx(tmp_path):
         render_nginx_conf([], RouterOptions(), None)
 
 
+def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(tmp_path):
+    import yaml
+
+    from prism_client.kubernetes import COMMITTED, manifest
+
+    assert COMMITTED.read_text() == manifest(2)  # regenerate with `prism k8s --replicas 2`
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(manifest(3))}
+    assert docs[("StatefulSet", "prism")]["spec"]["replicas"] == 3
+    assert docs[("Service", "prism")]["spec"]["clusterIP"] == "None"
+    conf = docs[("ConfigMap", "prism-router")]["data"]["nginx.conf"]
+    for i in range(3):
+        assert f"server prism-{i}.prism.default.svc.cluster.local:8000 max_fails=1" in conf
+    assert "hash $http_x_prism_route consistent;" in conf
+    # the container form (logs to stdout/stderr, image paths) is valid nginx too, here with loopback replicas
+    local = conf.replace("prism-0.prism.default.svc.cluster.local", "127.0.0.1")
+    local = local.replace("prism-1.prism.default.svc.cluster.local", "127.0.0.2")
+    local = local.replace("prism-2.prism.default.svc.cluster.local", "127.0.0.3")
+    (tmp_path / "nginx.conf").write_text(local)
+    from prism_client.router import nginx_binary
+
+    check = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
 class Cluster:
     """`prism serve --replicas 2` as a user starts it; addresses read from what it prints."""
 

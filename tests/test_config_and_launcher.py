@@ -44,6 +44,18 @@ def test_render_fills_parameters(tmp_path, model_dir):
     assert "count: 1" in (MODEL_REPOSITORY / "prism_decision" / "config.pbtxt").read_text()
 
 
+def test_render_sets_max_batch_size_and_priority_levels_stay(tmp_path, model_dir):
+    repo = render_model_repository(ServerOptions(model_dir=model_dir, max_batch_size=5), tmp_path / "repo")
+    text = (repo / "prism_decision" / "config.pbtxt").read_text()
+    assert "\nmax_batch_size: 5\n" in text and "priority_levels: 2" in text
+    shipped = render_model_repository(ServerOptions(model_dir=model_dir), tmp_path / "repo2")
+    assert "\nmax_batch_size: 2\n" in (shipped / "prism_decision" / "config.pbtxt").read_text()
+    with pytest.raises(ConfigError, match="max-batch-size"):
+        ServerOptions(model_dir=model_dir, max_batch_size=0).validate()
+    with pytest.raises(ConfigError, match="servers_on_machine"):
+        ServerOptions(model_dir=model_dir, servers_on_machine=0).validate()
+
+
 def test_set_parameter_requires_existing_key():
     with pytest.raises(ConfigError, match="'nope'"):
         set_parameter('parameters { key: "a" value: { string_value: "1" } }', "nope", "2")

@@ -17,8 +17,10 @@ from test_server import metric, scrape
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-instance", "2-instances"])
 def int8_server(request, model_dir):
+    # batches of up to 8 (the shipped default is 2): concurrency 4 and 8 then vary the batch size
     options = ServerOptions(precision="int8", instances=request.param, http_port=free_port(),
-                            grpc_port=free_port(), metrics_port=free_port(), model_dir=model_dir)
+                            grpc_port=free_port(), metrics_port=free_port(), model_dir=model_dir,
+                            max_batch_size=8)
     with TritonServer(options) as server:
         yield server
 

@@ -1,0 +1,121 @@
+"""Priority benchmark: urgent decisions under a saturating bulk load, through a real tritonserver.
+
+    .venv/bin/python bench/priority_bench.py [--bulk-callers 16] [--probes 8] [--max-batch-sizes 8,2]
+
+Per prism_decision max_batch_size: first the unloaded latency of single-question requests; then
+`bulk-callers` callers send two-question requests back to back (more than a batch can hold, so a
+backlog queues), and probe requests, alternately normal and urgent (Triton priority 1, the
+client's `urgent=True`), are timed one at a time. Every request has its own ticket, so the prefix
+cache only ever holds the system prompt. Reported: median and p90 probe latency and their ratio to
+the unloaded median.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from prism_client.client import PrismClient  # noqa: E402
+from prism_client.server import ServerOptions, TritonServer, free_port  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def materials() -> itertools.cycle:
+    """~250-token support threads (4 shipped eval tickets each), a new one per request."""
+    rows = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
+    return itertools.cycle(["\n\n".join(rows[4 * i : 4 * i + 4]) for i in range(len(rows) // 4)])
+
+
+def run(max_batch_size: int, bulk_callers: int, probes: int) -> dict:
+    options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                            max_batch_size=max_batch_size)
+    source, lock = materials(), threading.Lock()
+
+    def next_material() -> str:
+        with lock:
+            return next(source)
+
+    with TritonServer(options) as server:
+        url = f"127.0.0.1:{server.options.http_port}"
+        probe_client = PrismClient(url)
+
+        def probe(urgent: bool) -> float:
+            start = time.perf_counter()
+            probe_client.decide(next_material(), ["team"], urgent=urgent)
+            return time.perf_counter() - start
+
+        probe(False)  # warm-up
+        unloaded = [probe(False) for _ in range(probes)]
+        stop = threading.Event()
+        bulk_done = [0]
+
+        def bulk():
+            client = PrismClient(url)
+            while not stop.is_set():
+                client.decide(next_material(), ["team", "severity"])
+                bulk_done[0] += 1
+
+        callers = [threading.Thread(target=bulk, daemon=True) for _ in range(bulk_callers)]
+        for c in callers:
+            c.start()
+        time.sleep(10)  # let the backlog build
+        loaded = {False: [], True: []}
+        start = time.perf_counter()
+        for i in range(2 * probes):
+            urgent = bool(i % 2)
+            loaded[urgent].append(probe(urgent))
+            time.sleep(0.5)
+        bulk_rate = bulk_done[0] / (time.perf_counter() - start + 10)
+        stop.set()
+        for c in callers:
+            c.join(600)
+    return {"max_batch_size": max_batch_size, "unloaded": unloaded, "normal": loaded[False],
+            "urgent": loaded[True], "bulk_rate": bulk_rate}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bulk-callers", type=int, default=16)
+    parser.add_argument("--probes", type=int, default=8)
+    parser.add_argument("--max-batch-sizes", default="8,2")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.max_batch_sizes.split(",")]
+    results = [run(size, args.bulk_callers, args.probes) for size in sizes]
+
+    def ms(values, q=None):
+        return 1000 * (statistics.median(values) if q is None else statistics.quantiles(values, n=10)[-1])
+
+    lines = ["# Urgent decisions under a saturating bulk load", "",
+             f"`.venv/bin/python bench/priority_bench.py --bulk-callers {args.bulk_callers} --probes {args.probes} "
+             f"--max-batch-sizes {args.max_batch_sizes}` on CPU(s) {sorted(os.sched_getaffinity(0))}; one "
+             f"tritonserver, int8, prefix cache on. Bulk: {args.bulk_callers} callers sending two-question "
+             "requests (~250-token tickets) back to back. Probes: one question, a new ticket each, timed one "
+             "at a time, alternately normal and urgent (`urgent=True`, Triton priority 1).", "",
+             "| max_batch_size | unloaded median ms | loaded, normal: median / p90 ms | loaded, urgent: median / "
+             "p90 ms | urgent / unloaded | normal / unloaded | bulk requests/s |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        base = ms(r["unloaded"])
+        lines.append(f"| {r['max_batch_size']} | {base:.0f} | {ms(r['normal']):.0f} / {ms(r['normal'], 90):.0f} | "
+                     f"{ms(r['urgent']):.0f} / {ms(r['urgent'], 90):.0f} | {ms(r['urgent']) / base:.1f}x | "
+                     f"{ms(r['normal']) / base:.1f}x | {r['bulk_rate']:.2f} |")
+    lines += ["", "An urgent request jumps the queued backlog but not the batch already executing (a CPU batch "
+              "is not preempted): its latency is about the rest of that batch plus its own batch, which "
+              "`max_batch_size` bounds."]
+    text = "\n".join(lines) + "\n"
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "priority.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
