@@ -74,6 +74,9 @@ def references(docs: list[dict], model_dir: Path, cache: Path | None) -> dict:
 def evaluate(docs: list[dict], model_dir: Path, int8_config: dict, cache: Path | None = None) -> tuple[dict, dict]:
     meta = [(t["set"], t["label"]) for d in docs for t in d["tasks"]]
     ref = references(docs, model_dir, cache)
+    if len(ref["fp32"]) != len(meta):
+        raise SystemExit(f"{cache} holds {len(ref['fp32'])} decisions, this run has {len(meta)}: a cache "
+                         "only fits the --limit it was written with")
     timings = dict(ref["timings"])
     t0 = time.perf_counter()
     int8 = run_engine(EngineConfig(model_dir=model_dir, precision="int8", **int8_config), docs)
