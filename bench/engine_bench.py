@@ -46,12 +46,14 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--act-passes", type=int, default=None, help="int8 variant (default: the engine's)")
+    parser.add_argument("--weight-passes", type=int, default=None, help="int8 variant (default: the engine's)")
     parser.add_argument("--smooth-alpha", type=float, default=None, help="int8 variant (default: the engine's)")
     parser.add_argument("--engines", nargs="+", default=["prism forest", "prism unshared", "HF generic fp32",
                                                           "HF generic bf16"])
     args = parser.parse_args()
 
-    variant = {k: v for k, v in (("act_passes", args.act_passes), ("smooth_alpha", args.smooth_alpha)) if v is not None}
+    variant = {k: v for k, v in (("act_passes", args.act_passes), ("weight_passes", args.weight_passes),
+                                 ("smooth_alpha", args.smooth_alpha)) if v is not None}
     # no prefix cache: the repeats would otherwise measure cache hits (bench/cache_bench.py does that)
     config = EngineConfig(model_dir=args.model_dir, precision=args.precision, prefix_cache_bytes=0, **variant)
     prism = DecisionPipeline(config, MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json")
@@ -60,7 +62,8 @@ def main() -> None:
                   if label in args.engines}
 
     lines = [f"Engine benchmark: {config.model_dir.name}, prism precision {args.precision} "
-             f"(act_passes={config.act_passes}, smooth_alpha={config.smooth_alpha}), "
+             f"(act_passes={config.act_passes}, weight_passes={config.weight_passes}, "
+             f"smooth_alpha={config.smooth_alpha}), "
              f"{torch.get_num_threads()} threads, median of {args.repeats} runs (min-max)", "",
              "| workload | engine | tokens computed | ms (median) | spread ms | time / prism forest |",
              "|---|---|---|---|---|---|"]

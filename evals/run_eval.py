@@ -74,6 +74,9 @@ def references(docs: list[dict], model_dir: Path, cache: Path | None) -> dict:
 def evaluate(docs: list[dict], model_dir: Path, int8_config: dict, cache: Path | None = None) -> tuple[dict, dict]:
     meta = [(t["set"], t["label"]) for d in docs for t in d["tasks"]]
     ref = references(docs, model_dir, cache)
+    if len(ref["fp32"]) != len(meta):
+        raise SystemExit(f"{cache} holds {len(ref['fp32'])} decisions, this run has {len(meta)}: a cache "
+                         "only fits the --limit it was written with")
     timings = dict(ref["timings"])
     t0 = time.perf_counter()
     int8 = run_engine(EngineConfig(model_dir=model_dir, precision="int8", **int8_config), docs)
@@ -124,17 +127,19 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--out", type=Path, default=ROOT / "evals" / "report.md")
     parser.add_argument("--act-passes", type=int, default=None, help="int8 variant (default: the engine's)")
+    parser.add_argument("--weight-passes", type=int, default=None, help="int8 variant (default: the engine's)")
     parser.add_argument("--smooth-alpha", type=float, default=None, help="int8 variant (default: the engine's)")
     parser.add_argument("--cache", type=Path, default=None, help="reuse fp32/bf16 results from this file")
     args = parser.parse_args()
     docs = load(args.limit)
-    int8_config = {k: v for k, v in (("act_passes", args.act_passes), ("smooth_alpha", args.smooth_alpha))
-                   if v is not None}
+    int8_config = {k: v for k, v in (("act_passes", args.act_passes), ("weight_passes", args.weight_passes),
+                                     ("smooth_alpha", args.smooth_alpha)) if v is not None}
     per_set, timings = evaluate(docs, args.model_dir, int8_config, args.cache)
     defaults = EngineConfig(model_dir=args.model_dir, **int8_config)
     text = (f"# INT8 accuracy parity ({args.model_dir.name})\n\n"
             f"`.venv/bin/python evals/run_eval.py{'' if args.limit is None else f' --limit {args.limit}'}`; "
-            f"int8 with act_passes={defaults.act_passes}, smooth_alpha={defaults.smooth_alpha}\n\n"
+            f"int8 with act_passes={defaults.act_passes}, weight_passes={defaults.weight_passes}, "
+            f"smooth_alpha={defaults.smooth_alpha}\n\n"
             + report(per_set, timings, len(docs)) + "\n")
     args.out.write_text(text)
     print(text)

@@ -25,9 +25,10 @@ class Projections:
     quantised per output channel, they give the same bits as slicing qkv's output would."""
 
     def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int, last: bool,
-                 kernels: str, group=None):
+                 kernels: str, group=None, weight_passes: int = 1):
         def make(weight, bias=None, row_parallel=False):
-            return make_linear(weight, bias, precision, act_passes, kernels, group if row_parallel else None)
+            return make_linear(weight, bias, precision, act_passes, kernels, group if row_parallel else None,
+                               weight_passes)
 
         self.qkv = self.q = self.kv = None
         if last:
@@ -43,13 +44,14 @@ class Projections:
 
 class ForestTransformer:
     def __init__(self, spec: ModelSpec, weights: ModelWeights, precision: str = "fp32", act_passes: int = 1,
-                 kernels: str = "auto", group=None):
-        """spec: the shapes this rank computes (tp.local_spec); group: its tp.TPGroup or None."""
+                 kernels: str = "auto", group=None, weight_passes: int = 1):
+        """spec: the shapes this rank computes (tp.local_spec); group: its tp.TPGroup or None;
+        act_passes / weight_passes: the int8 quantisation passes (quant.Int8Linear)."""
         self.spec = spec
         self.w = weights
         self.kernels = kernels
         last = len(weights.layers) - 1
-        self.proj = [Projections(lw, spec, precision, act_passes, i == last, kernels, group)
+        self.proj = [Projections(lw, spec, precision, act_passes, i == last, kernels, group, weight_passes)
                      for i, lw in enumerate(weights.layers)]
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
         if precision != "fp32":  # the projections hold their own quantised copies

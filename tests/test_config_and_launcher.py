@@ -12,15 +12,17 @@ from prism_client.server import (
 
 
 def test_config_from_triton_parameters(tmp_path):
-    cfg = EngineConfig.from_parameters({"model_dir": "weights", "max_candidates": "8"}, base_dir=tmp_path)
+    cfg = EngineConfig.from_parameters({"model_dir": "weights", "max_candidates": "8", "weight_passes": "1"},
+                                       base_dir=tmp_path)
     assert cfg.model_dir == (tmp_path / "weights").resolve()
-    assert cfg.max_candidates == 8
+    assert cfg.max_candidates == 8 and cfg.weight_passes == 1
 
 
 @pytest.mark.parametrize("params, message", [
     ({"model_dir": "m", "precision": "fp16"}, "precision must be one of"),
     ({"model_dir": "m", "max_candidates": "many"}, r"must be a number \(int\)"),
     ({"model_dir": "m", "smooth_alpha": "1.5"}, r"smooth_alpha must be in \[0, 1\)"),
+    ({"model_dir": "m", "weight_passes": "3"}, "weight_passes must be 1 or 2"),
     ({"model_dir": "m", "max_candidates": "1"}, "between 2 and 26"),
     ({"model_dir": "m", "colour": "red"}, "unknown parameter"),
     ({"model_dir": "${model_dir}"}, "unfilled template"),

@@ -63,17 +63,21 @@ def test_int_mm_is_exact_and_row_invariant():
         assert torch.equal(torch._int_mm(a[rows].contiguous(), b), full[rows])
 
 
-@pytest.mark.parametrize("passes", [1, 2])
-def test_int8_linear_rows_are_batch_invariant_and_close(passes):
+@pytest.mark.parametrize("passes, weight_passes, bound", [(1, 1, 0.02), (2, 1, 0.006), (1, 2, 0.02), (2, 2, 3e-4)])
+def test_int8_linear_rows_are_batch_invariant_and_close(passes, weight_passes, bound):
+    """With one pass each side the int8 weight's rounding (~0.4% of a row's max) dominates; the
+    weight residual pass removes it, leaving the activations' two-pass rounding."""
     torch.manual_seed(1)
     w, bias = torch.randn(96, 64), torch.randn(96)
     x = torch.randn(33, 64) * torch.linspace(0.1, 8, 64)  # outlier channels
-    lin = Int8Linear(w, bias, passes)
+    lin = Int8Linear(w, bias, passes, weight_passes=weight_passes)
+    assert (lin.w_res is not None) == (weight_passes == 2)
     full = lin(x)
     for i in (0, 17, 32):
         assert torch.equal(lin(x[i : i + 1]), full[i : i + 1])
-    rel = ((full - (x @ w.T + bias)).abs().max() / (x @ w.T).abs().max()).item()
-    assert rel < (0.02 if passes == 1 else 0.006)
+    exact = x.double() @ w.double().T + bias.double()
+    rel = ((full.double() - exact).abs().max() / (x @ w.T).abs().max()).item()
+    assert rel < bound
 
 
 def test_int8_close_to_fp32_on_the_sample_ticket(int8_pipeline, pipeline):

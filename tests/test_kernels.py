@@ -33,24 +33,33 @@ def test_int8_gemm_int32_is_exact(m, k, n):
 
 @pytest.mark.parametrize("passes", [1, 2, 3])
 @pytest.mark.parametrize("bias", [False, True])
-def test_int8_gemm_dequantised_equals_torch_reference(passes, bias):
-    gen = torch.Generator().manual_seed(passes + 10 * bias)
+@pytest.mark.parametrize("w_res", [False, True])
+def test_int8_gemm_dequantised_equals_torch_reference(passes, bias, w_res):
+    gen = torch.Generator().manual_seed(passes + 10 * bias + 100 * w_res)
     m, k, n = 37, 150, 90
     x, w = _int8((passes * m, k), gen), _int8((k, n), gen)
     x_scale = torch.rand(passes * m, 1, generator=gen) / 100 + 1e-4
     w_scale = torch.rand(n, generator=gen) / 100
     b = torch.randn(n, generator=gen) if bias else None
-    out = int8_gemm(x, w, x_scale, w_scale, b, passes)
+    res = (_int8((k, n), gen), torch.rand(n, generator=gen) / 1e4) if w_res else (None, None)
+    out = int8_gemm(x, w, x_scale, w_scale, b, passes, *res)
     assert out.dtype == torch.float32 and out.shape == (m, n)
-    assert torch.equal(out, int8_gemm_reference(x, w, x_scale, w_scale, b, passes))
+    assert torch.equal(out, int8_gemm_reference(x, w, x_scale, w_scale, b, passes, *res))
+    if w_res:  # the residual term is really there, and multiplies the first pass only
+        plain = int8_gemm_reference(x, w, x_scale, w_scale, None, passes)
+        term = (x[:m].long() @ res[0].long()).float() * x_scale[:m] * res[1]
+        torch.testing.assert_close(out - (b if bias else 0) - plain, term, atol=1e-5, rtol=1e-3)
 
 
-def test_int8_gemm_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("w_res", [False, True])
+def test_int8_gemm_rows_do_not_depend_on_the_batch(w_res):
     gen = torch.Generator().manual_seed(3)
-    x, w = _int8((50, 72), gen), _int8((72, 40), gen)
-    xs, ws = torch.rand(50, generator=gen), torch.rand(40, generator=gen)
-    full = int8_gemm(x, w, xs, ws)
-    part = int8_gemm(x[20:23].contiguous(), w, xs[20:23], ws)
+    x, w = _int8((2 * 50, 72), gen), _int8((72, 40), gen)
+    xs, ws = torch.rand(2 * 50, generator=gen), torch.rand(40, generator=gen)
+    res = (_int8((72, 40), gen), torch.rand(40, generator=gen) / 100) if w_res else (None, None)
+    full = int8_gemm(x, w, xs, ws, None, 2, *res)
+    rows = torch.cat([torch.arange(20, 23), torch.arange(70, 73)])  # rows 20..22 of both passes
+    part = int8_gemm(x[rows].contiguous(), w, xs[rows], ws, None, 2, *res)
     assert torch.equal(full[20:23], part)
 
 
@@ -66,6 +75,12 @@ def test_int8_gemm_launcher_names_the_problem():
         int8_gemm(x, w, torch.ones(4), torch.ones(6))
     with pytest.raises(ValueError, match="unit stride"):
         int8_gemm(x.t().contiguous().t(), w)
+    with pytest.raises(ValueError, match="needs both w_res and w_res_scale"):
+        int8_gemm(x, w, torch.ones(4), torch.ones(5), w_res=w)
+    with pytest.raises(ValueError, match="w_res must be int8 of w_q's shape"):
+        int8_gemm(x, w, torch.ones(4), torch.ones(5), w_res=w[:4], w_res_scale=torch.ones(5))
+    with pytest.raises(ValueError, match="raw int32 output"):
+        int8_gemm(x, w, w_res=w, w_res_scale=torch.ones(5))
 
 
 # ----------------------------------------------------------------------------------- tree attention
@@ -196,8 +211,8 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
                 {"material": "Login fails.", "tasks": ["reply_time"]}]
     layers = 2
     # fp32: attention differs from the torch path only in float rounding. int8: those last bits
-    # can move an activation across a quantisation step, so the bound is wider (still far below
-    # int8's own error against fp32, ~1e-2).
+    # can move an activation across a quantisation step, so the bound is wider (still below
+    # int8's own error against fp32).
     for precision, atol in (("fp32", 1e-5), ("int8", 1e-4)):
         results = {}
         for backend in ("torch", "triton"):
