@@ -1,0 +1,71 @@
+"""Precision benchmark (no Triton): the Prism engine's int8 variants vs fp32, in one process.
+
+    .venv/bin/python bench/precision_bench.py [--repeats 5]
+
+The same forests (bench/workloads.py, prefix cache off) through engines differing only in
+precision: fp32, int8 with one weight pass (weights s1*q1), int8 with the weight residual (the
+default, weight_passes=2). Repeats are interleaved across engines so machine noise hits all alike.
+Writes bench/results/precision.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import WORKLOADS  # noqa: E402
+
+from prism_backend.config import EngineConfig  # noqa: E402
+from prism_backend.pipeline import DecisionPipeline  # noqa: E402
+from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    args = parser.parse_args()
+    threads = len(os.sched_getaffinity(0))
+    base = EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=threads)
+    engines = {
+        "fp32": base.replace(precision="fp32"),
+        "int8, 1 weight pass": base.replace(precision="int8", weight_passes=1),
+        "int8, weight residual (default)": base.replace(precision="int8", weight_passes=2),
+    }
+    pipelines = {name: DecisionPipeline(config, REGISTRY) for name, config in engines.items()}
+    times = {(w, e): [] for w in WORKLOADS for e in engines}
+    for workload, make in WORKLOADS.items():
+        requests = make()
+        for pipeline in pipelines.values():
+            pipeline.decide_many(requests)  # warm-up
+        for _ in range(args.repeats):
+            for name, pipeline in pipelines.items():
+                start = time.perf_counter()
+                pipeline.decide_many(requests)
+                times[(workload, name)].append(time.perf_counter() - start)
+    lines = ["# Prism engine: int8 vs fp32", "",
+             f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats}` on CPU(s) "
+             f"{sorted(os.sched_getaffinity(0))}, {threads} thread(s), prefix cache off, median of "
+             f"{args.repeats} interleaved runs.", "",
+             "| workload | engine | ms (median) | min-max ms | time / fp32 |", "|---|---|---|---|---|"]
+    for workload in WORKLOADS:
+        fp32 = statistics.median(times[(workload, "fp32")])
+        for name in engines:
+            t = times[(workload, name)]
+            lines.append(f"| {workload} | {name} | {1000 * statistics.median(t):.0f} | "
+                         f"{1000 * min(t):.0f}-{1000 * max(t):.0f} | {statistics.median(t) / fp32:.2f}x |")
+    text = "\n".join(lines) + "\n"
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "precision.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
