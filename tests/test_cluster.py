@@ -261,6 +261,11 @@ def test_urgent_priority_is_accepted_end_to_end(cluster):
     with urllib.request.urlopen(request) as response:
         decision = json.loads(json.loads(response.read())["outputs"][0]["data"][0])
     assert decision["probabilities"] == normal.probabilities
+    cli = subprocess.run([sys.executable, "-m", "prism_client.cli", "decide", "--material",
+                          str(REPO_ROOT / "samples" / "ticket.txt"), "--task", "team", "--urgent", "--json",
+                          "--url", cluster.url], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)[0]["task"] == "team"
     with urllib.request.urlopen(f"http://{cluster.replicas[0]['http']}/v2/models/prism_decision/config") as r:
         batching = json.loads(r.read())["dynamic_batching"]
     assert batching["priority_levels"] == 2 and batching["default_priority_level"] == 2
