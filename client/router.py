@@ -30,6 +30,7 @@ from pathlib import Path
 from prism_backend.config import ConfigError
 
 from .client import ROUTE_HEADER
+from .server import stop_with_parent
 
 BALANCES = ("consistent-hash", "round-robin")
 NGINX_PACKAGE = "nginx"  # Debian package `make setup` installs
@@ -197,7 +198,7 @@ class NginxRouter:
     def start(self, ready_timeout: float = 30.0) -> "NginxRouter":
         self.write_conf()
         self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=stop_with_parent)
         url = f"http://127.0.0.1:{_port(self.options.http_listen)}/router/health"
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:

@@ -167,7 +167,7 @@ def http_ready(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def _stop_with_parent() -> None:
+def stop_with_parent() -> None:
     """In the child before exec: if the launching process dies, the server gets SIGTERM (Linux)."""
     try:
         import ctypes
@@ -224,7 +224,7 @@ class TritonServer:
         self.process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=server_environment(triton_install()),
             start_new_session=True,  # its own process group: we stop it (and its stubs) explicitly
-            preexec_fn=_stop_with_parent,
+            preexec_fn=stop_with_parent,
         )
         return self
 

@@ -52,6 +52,31 @@ def test_rendered_router_config_is_valid_nginx(tmp_path):
         render_nginx_conf([], RouterOptions(), None)
 
 
+def test_router_dies_with_its_launcher(tmp_path):
+    """A launcher killed without its cleanup (SIGKILL) leaves no nginx behind."""
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from prism_client.router import NginxRouter, Replica, RouterOptions\n"
+        f"r = NginxRouter([Replica('127.0.0.1:9', '127.0.0.1:10')], RouterOptions("
+        f"http_listen='127.0.0.1:{free_port()}', grpc_listen='127.0.0.1:{free_port()}'), Path(sys.argv[1]))\n"
+        "r.start()\n"
+        "print(r.process.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=REPO_ROOT)
+    pid = int(done.stdout.split()[0])
+
+    def gone() -> bool:
+        try:
+            return "nginx" not in Path(f"/proc/{pid}/cmdline").read_text() or \
+                Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        except OSError:
+            return True
+
+    assert wait_for(gone, 10)
+
+
 def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(tmp_path):
     import yaml
 
@@ -153,8 +178,12 @@ def iter_until_ready(stream):
 def cluster():
     c = Cluster()
     yield c
-    if c.process.poll() is None:
-        c.process.kill()
+    if c.process.poll() is None:  # a failed or deselected stop test: stop it the way Ctrl-C does
+        c.process.send_signal(signal.SIGINT)
+        try:
+            c.process.wait(120)
+        except subprocess.TimeoutExpired:
+            c.process.kill()  # its servers and router get SIGTERM from the kernel (PR_SET_PDEATHSIG)
 
 
 def scrape_metric(url: str, name: str) -> float:
