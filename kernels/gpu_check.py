@@ -39,20 +39,26 @@ def _time_ms(fn, device: str, repeats: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def check_gemm(m: int, k: int, n: int, passes: int, device: str, rows: list) -> None:
+def check_gemm(m: int, k: int, n: int, passes: int, device: str, rows: list, residual: bool = False) -> None:
+    """residual: also the weight residual product (Prism's default int8, weight_passes=2)."""
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randint(-127, 128, (passes * m, k), dtype=torch.int8, device=device, generator=gen)
     w = torch.randint(-127, 128, (k, n), dtype=torch.int8, device=device, generator=gen)
     xs = torch.rand(passes * m, 1, device=device, generator=gen) / 100
     ws = torch.rand(n, device=device, generator=gen) / 100
+    extra = {}
+    if residual:
+        extra = {"w_res": torch.randint(-127, 128, (k, n), dtype=torch.int8, device=device, generator=gen),
+                 "w_res_scale": torch.rand(n, device=device, generator=gen) / 10000}
     # int64 matmul exists on CPU only; 64 rows of the int32 output against it
     acc = int8_gemm(x[:m], w)[:64].cpu().long()
     exact = torch.equal(acc, x[: min(m, 64)].cpu().long() @ w.cpu().long())
-    out, ref = int8_gemm(x, w, xs, ws, passes=passes), int8_gemm_reference(x, w, xs, ws, passes=passes)
-    kernel_ms = _time_ms(lambda: int8_gemm(x, w, xs, ws, passes=passes), device)
-    torch_ms = _time_ms(lambda: int8_gemm_reference(x, w, xs, ws, passes=passes), device)
-    tops = 2 * passes * m * k * n / kernel_ms / 1e9
-    rows.append((f"int8 GEMM {m}x{k}x{n}, {passes} pass(es)",
+    out = int8_gemm(x, w, xs, ws, passes=passes, **extra)
+    ref = int8_gemm_reference(x, w, xs, ws, passes=passes, **extra)
+    kernel_ms = _time_ms(lambda: int8_gemm(x, w, xs, ws, passes=passes, **extra), device)
+    torch_ms = _time_ms(lambda: int8_gemm_reference(x, w, xs, ws, passes=passes, **extra), device)
+    tops = 2 * (passes + residual) * m * k * n / kernel_ms / 1e9
+    rows.append((f"int8 GEMM {m}x{k}x{n}, {passes} pass(es){' + weight residual' if residual else ''}",
                  f"int32 exact: {exact}; dequant bit-equal: {torch.equal(out, ref)}, "
                  f"max diff {(out - ref).abs().max().item():.2e}",
                  f"{kernel_ms:.3f}", f"{torch_ms:.3f}", f"{torch_ms / kernel_ms:.2f}x", f"{tops:.0f} TOPS"))
@@ -107,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     qkv_out = args.hidden + 2 * args.kv_heads * head_dim
     rows: list = []
     tokens = 64 + args.trunk + args.branches * 32
-    for m, n, passes in ((tokens, qkv_out, 1), (tokens, qkv_out, 2), (16, qkv_out, 2)):
-        check_gemm(m, args.hidden, n, passes, args.device, rows)
+    for m, n, passes, residual in ((tokens, qkv_out, 1, False), (tokens, qkv_out, 2, False),
+                                   (tokens, qkv_out, 2, True), (16, qkv_out, 2, True)):
+        check_gemm(m, args.hidden, n, passes, args.device, rows, residual)
     check_attention(args.heads, args.kv_heads, head_dim, 64, args.trunk, args.branches, 32, args.device, rows)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (Triton interpreter)"
     print(f"device: {name}, torch {torch.__version__}\n")

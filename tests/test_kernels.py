@@ -245,5 +245,6 @@ def test_gpu_check_script_runs_through_the_interpreter(capsys):
     assert main(["--device", "cpu", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--trunk", "20",
                  "--branches", "2"]) == 0
     out = capsys.readouterr().out
-    assert out.count("int32 exact: True; dequant bit-equal: True") == 3
+    assert out.count("int32 exact: True; dequant bit-equal: True") == 4
+    assert out.count("+ weight residual") == 2
     assert "tree attention 4/2 heads" in out
