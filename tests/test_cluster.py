@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO_ROOT, free_port, wait_for
 from prism_client.client import ROUTE_HEADER, PrismClient, route_key
 from prism_client.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
+from prism_client.server import stop_with_parent
 from prism_backend.config import ConfigError
 
 TICKETS = [json.loads(line)["material"] for line in open(REPO_ROOT / "evals" / "data" / "tickets.jsonl")]
@@ -113,6 +114,7 @@ class Cluster:
             [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", "2",
              "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)],
             stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
+            preexec_fn=stop_with_parent,  # SIGTERM (a clean stop) if the test process dies
         )
         self.replicas: list[dict] = []
         self.access_log: Path | None = None
