@@ -12,7 +12,6 @@ vLLM runs from `.venv-vllm` (see `make bench`) on exactly Prism's prompt token i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,14 +26,14 @@ from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.pipeline import DecisionPipeline  # noqa: E402
 from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
 from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
+from workloads import eval_tickets, write_result  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 
 
 def ticket_threads(n: int) -> list[str]:
     """n distinct support threads of ~8 messages each (~500 tokens), from the shipped eval tickets."""
-    rows = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
+    rows = eval_tickets()
     return ["\n\n".join(f"Message {j + 1}: {m}" for j, m in enumerate(rows[8 * i : 8 * i + 8])) for i in range(n)]
 
 
@@ -101,10 +100,7 @@ def main() -> None:
     lines += ["", f"Prompts: median {prompt_tokens:.0f} tokens. Prism's second question about a seen ticket "
               "computes only the question's tokens; its probabilities are bit-identical to recomputing "
               "(tests/test_prefix_cache.py)."]
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cache.md").write_text(text)
-    print(text)
+    write_result("cache.md", lines)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS  # noqa: E402
+from workloads import RESULTS, WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.pipeline import DecisionPipeline  # noqa: E402
 from prism_backend.reference import HFReference  # noqa: E402
 from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def timed(fn, repeats: int) -> list[float]:
@@ -87,12 +86,10 @@ def main() -> None:
             lines.append(f"| {name} | {label} | {tokens} | {medians[label]:.0f} | "
                          f"{min(times):.0f}-{max(times):.0f} | {medians[label] / medians['prism forest']:.2f}x |")
             print(lines[-1], flush=True)
-    RESULTS.mkdir(exist_ok=True)
     suffix = "".join(f"_{k}{v}" for k, v in variant.items())
-    out = RESULTS / f"engine_{args.precision}{suffix}.md"
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"written to {out}")
+    name = f"engine_{args.precision}{suffix}.md"
+    write_result(name, lines)
+    print(f"written to {RESULTS / name}")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS  # noqa: E402
+from workloads import WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.pipeline import DecisionPipeline  # noqa: E402
 from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 
 
@@ -61,10 +60,7 @@ def main() -> None:
             t = times[(workload, name)]
             lines.append(f"| {workload} | {name} | {1000 * statistics.median(t):.0f} | "
                          f"{1000 * min(t):.0f}-{1000 * max(t):.0f} | {statistics.median(t) / fp32:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "precision.md").write_text(text)
-    print(text)
+    write_result("precision.md", lines)
 
 
 if __name__ == "__main__":

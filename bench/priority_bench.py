@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -23,17 +22,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from prism_client.client import PrismClient  # noqa: E402
 from prism_client.server import ServerOptions, TritonServer, free_port  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
+from workloads import eval_tickets, support_threads, write_result  # noqa: E402
 
 
 def materials() -> itertools.cycle:
     """~250-token support threads (4 shipped eval tickets each), a new one per request."""
-    rows = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
-    return itertools.cycle(["\n\n".join(rows[4 * i : 4 * i + 4]) for i in range(len(rows) // 4)])
+    return itertools.cycle(support_threads(len(eval_tickets()) // 4, messages=4))
 
 
 def run(max_batch_size: int, bulk_callers: int, probes: int) -> dict:
@@ -111,10 +109,7 @@ def main() -> None:
     lines += ["", "An urgent request jumps the queued backlog but not the batch already executing (a CPU batch "
               "is not preempted): its latency is about the rest of that batch plus its own batch, which "
               "`max_batch_size` bounds."]
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "priority.md").write_text(text)
-    print(text)
+    write_result("priority.md", lines)
 
 
 if __name__ == "__main__":

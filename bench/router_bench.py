@@ -10,7 +10,6 @@ replicas' metrics (tokens whose K/V came from a cache / prompt tokens), latency,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import random
@@ -23,26 +22,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from prism_client.client import PrismClient  # noqa: E402
 from prism_client.cluster import PrismCluster  # noqa: E402
 from prism_client.router import RouterOptions  # noqa: E402
 from prism_client.server import ServerOptions, free_port  # noqa: E402
+from workloads import support_threads, write_result  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 TASKS = ["team", "severity", "reply_time"]
-
-
-def ticket_threads(n: int, offset: int = 0) -> list[str]:
-    """n distinct support threads of ~8 messages (~500 tokens), from the shipped eval tickets."""
-    rows = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
-    return ["\n\n".join(rows[8 * i : 8 * i + 8]) for i in range(offset, offset + n)]
 
 
 def stream(tickets: int, questions: int) -> list[tuple[str, str]]:
     """Every (ticket, question) once, in a fixed shuffled order: the questions about one ticket
     arrive apart, between other tickets' requests, as they would from separate callers."""
-    materials = ticket_threads(tickets)
+    materials = support_threads(tickets, messages=8)  # ~500 tokens each
     requests = [(m, TASKS[q % len(TASKS)]) for q in range(questions) for m in materials]
     random.Random(0).shuffle(requests)
     return requests
@@ -122,10 +116,7 @@ def main() -> None:
     lines += ["", f"Consistent hashing / round-robin: tokens computed {hashed['computed'] / rr['computed']:.2f}x, "
               f"median latency {hashed['median_ms'] / rr['median_ms']:.2f}x, wall time "
               f"{hashed['wall_s'] / rr['wall_s']:.2f}x."]
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "router.md").write_text(text)
-    print(text)
+    write_result("router.md", lines)
 
 
 if __name__ == "__main__":

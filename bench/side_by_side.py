@@ -34,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
-from workloads import OTHER_TICKETS, SHARED_TICKET  # noqa: E402
+from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.pipeline import DecisionPipeline  # noqa: E402
@@ -43,13 +43,12 @@ from prism_client.client import PrismClient  # noqa: E402
 from prism_client.server import (  # noqa: E402
     DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer, free_port)
 
-RESULTS = ROOT / "bench" / "results"
 CPUS = sorted(os.sched_getaffinity(0))  # `taskset -c 1 ...` runs every engine on core 1 only
 THREADS = len(CPUS)
 REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 LOG = ROOT / ".run" / "vllm_server.log"  # git-ignored
 QUESTIONS = ["team", "reply_time", "severity"]
-FILLER = [json.loads(line)["material"] for line in open(ROOT / "evals" / "data" / "tickets.jsonl")]
+FILLER = eval_tickets()
 
 
 # ------------------------------------------------------------------------------------ workloads
@@ -370,9 +369,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
         lines += ["", "![speedup vs shared fraction](speedup_vs_shared.png)"]
     except ImportError:
         lines += ["", "(matplotlib is not installed: no plot; `make bench` installs it)"]
-    text = "\n".join(lines) + "\n"
-    (RESULTS / "side_by_side.md").write_text(text)
-    print(text)
+    write_result("side_by_side.md", lines)
 
 
 if __name__ == "__main__":
