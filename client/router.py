@@ -22,15 +22,13 @@ import re
 import shutil
 import signal
 import subprocess
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from prism_backend.config import ConfigError
 
 from .client import ROUTE_HEADER
-from .server import stop_with_parent
+from .server import stop_with_parent, wait_until_serving
 
 BALANCES = ("consistent-hash", "round-robin")
 NGINX_PACKAGE = "nginx"  # Debian package `make setup` installs
@@ -199,19 +197,12 @@ class NginxRouter:
         self.write_conf()
         self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                         start_new_session=True, preexec_fn=stop_with_parent)
-        url = f"http://127.0.0.1:{_port(self.options.http_listen)}/router/health"
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nginx exited with code {self.process.returncode}: {self.error_tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=1.0) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
+        port = _port(self.options.http_listen)
+        if wait_until_serving(self.process, port, "/router/health", ready_timeout, 0.1,
+                              lambda code: f"nginx exited with code {code}: {self.error_tail()}"):
+            return self
         self.stop()
-        raise TimeoutError(f"nginx not answering on {url} after {ready_timeout:.0f} s: {self.error_tail()}")
+        raise TimeoutError(f"nginx not answering on port {port} after {ready_timeout:.0f} s: {self.error_tail()}")
 
     def error_tail(self) -> str:
         try:

@@ -159,12 +159,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_ready(port: int, timeout: float = 1.0) -> bool:
+def http_ready(port: int, path: str = "/v2/health/ready", timeout: float = 1.0) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=timeout) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
             return r.status == 200
     except OSError:
         return False
+
+
+def wait_until_serving(process: subprocess.Popen, port: int, path: str, timeout: float, poll: float,
+                       describe_exit) -> bool:
+    """Poll http://127.0.0.1:{port}{path} until it answers 200 (True) or `timeout` passes (False).
+    If `process` exits first: RuntimeError with describe_exit(returncode)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(describe_exit(process.returncode))
+        if http_ready(port, path):
+            return True
+        time.sleep(poll)
+    return False
 
 
 def stop_with_parent() -> None:
@@ -229,15 +243,9 @@ class TritonServer:
         return self
 
     def wait_ready(self, ready_timeout: float = 300.0) -> "TritonServer":
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"tritonserver exited with code {self.process.returncode}; last log lines:\n{self.log_tail()}"
-                )
-            if http_ready(self.options.http_port):
-                return self
-            time.sleep(0.5)
+        if wait_until_serving(self.process, self.options.http_port, "/v2/health/ready", ready_timeout, 0.5,
+                              lambda code: f"tritonserver exited with code {code}; last log lines:\n{self.log_tail()}"):
+            return self
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; log:\n{self.log_tail()}")
 
