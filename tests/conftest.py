@@ -121,6 +121,22 @@ def wait_for(predicate, timeout: float = 60.0) -> bool:
     return False
 
 
+def processes_with(*needles: bytes) -> list[int]:
+    """PIDs of the processes whose command line contains every needle. A zombie's command line is
+    empty, so exited-but-unreaped processes never match."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if all(needle in cmdline for needle in needles):
+            found.append(int(entry.name))
+    return found
+
+
 @pytest.fixture(scope="session")
 def server(model_dir):
     # fp32 without the prefix cache: these tests compare bits across calls, and fp32 (unlike int8) is

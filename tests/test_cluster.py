@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, free_port, wait_for
+from conftest import REPO_ROOT, free_port, processes_with, wait_for
+from test_server import metric, scrape_url
 from prism_client.client import ROUTE_HEADER, PrismClient, route_key
 from prism_client.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
 from prism_client.server import stop_with_parent
@@ -144,29 +145,11 @@ class Cluster:
 
     def server_pids(self, index: int) -> list[int]:
         """tritonserver processes of replica `index` (their command line names its repository)."""
-        marker = f"{self.workdir}/replica-{index}/model_repository"
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-                except OSError:
-                    continue
-                if "tritonserver" in cmdline and marker in cmdline:
-                    pids.append(int(proc.name))
-        return pids
+        return processes_with(b"tritonserver", f"{self.workdir}/replica-{index}/model_repository".encode())
 
     def group_processes(self) -> list[int]:
         """Every process still running from this cluster's directory (servers, stubs, nginx)."""
-        out = []
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    if str(self.workdir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                        out.append(int(proc.name))
-                except OSError:
-                    continue
-        return out
+        return processes_with(str(self.workdir).encode())
 
 
 def iter_until_ready(stream):
@@ -186,13 +169,6 @@ def cluster():
             c.process.wait(120)
         except subprocess.TimeoutExpired:
             c.process.kill()  # its servers and router get SIGTERM from the kernel (PR_SET_PDEATHSIG)
-
-
-def scrape_metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def routed_entries(cluster, since: int, count: int | None = None) -> list[dict]:
@@ -241,7 +217,7 @@ def test_every_replica_returns_identical_bits(cluster):
 
 
 def test_repeats_are_served_from_one_replicas_prefix_cache(cluster):
-    reused = [scrape_metric(r["metrics"], "prism_prefix_cache_tokens_reused_total") for r in cluster.replicas]
+    reused = [metric(scrape_url(r["metrics"]), "prism_prefix_cache_tokens_reused_total") for r in cluster.replicas]
     start = len(read_access_log(cluster.access_log))
     client = PrismClient(cluster.url)
     fresh = ["\n\n".join(TICKETS[200 + 4 * i : 204 + 4 * i]) for i in range(4)]
@@ -250,7 +226,7 @@ def test_repeats_are_served_from_one_replicas_prefix_cache(cluster):
     for material in fresh:  # the same tickets again, new questions
         client.decide(material, ["severity"])
     entries = routed_entries(cluster, start, 8)
-    after = [scrape_metric(r["metrics"], "prism_prefix_cache_tokens_reused_total") for r in cluster.replicas]
+    after = [metric(scrape_url(r["metrics"]), "prism_prefix_cache_tokens_reused_total") for r in cluster.replicas]
     gained = [a - b for a, b in zip(after, reused)]
     # each repeat went where its first question went, and found at least its first 128-token block there
     for first, repeat in zip(entries[:4], entries[4:]):

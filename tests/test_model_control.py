@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 from prism_client.client import PrismClient
 from prism_client.server import ServerOptions, TritonServer
 
-from conftest import SAMPLE_TICKET, free_port, wait_for
+from conftest import SAMPLE_TICKET, free_port, processes_with, wait_for
 
 
 def stubs_of(pid: int) -> list[int]:
@@ -103,7 +103,7 @@ def test_prism_serve_stops_cleanly_on_ctrl_c(model_dir):
     assert PrismClient(f"localhost:{ports[0]}").decide(SAMPLE_TICKET, ["team"])[0].task == "team"
 
     def processes_of_this_server():  # tritonserver and its stubs all name the server's workdir
-        return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and workdir in _read(p / "cmdline")]
+        return processes_with(workdir)
 
     assert len(processes_of_this_server()) == 4  # tritonserver + 3 stubs
     proc.send_signal(signal.SIGINT)
@@ -112,9 +112,3 @@ def test_prism_serve_stops_cleanly_on_ctrl_c(model_dir):
     assert wait_for(lambda: not processes_of_this_server(), timeout=30), processes_of_this_server()
     assert not PrismClient(f"localhost:{ports[0]}").is_ready()
 
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""

@@ -118,8 +118,12 @@ def test_cli_reports_server_error(server):
 
 
 def scrape(server) -> dict[str, float]:
-    """Prometheus text from the metrics port -> {name{labels}: value} for prism_* series."""
-    with urllib.request.urlopen(f"http://localhost:{server.options.metrics_port}/metrics") as r:
+    """Prometheus text from the server's metrics port -> {name{labels}: value} for prism_* series."""
+    return scrape_url(f"http://localhost:{server.options.metrics_port}/metrics")
+
+
+def scrape_url(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url) as r:
         text = r.read().decode()
     values = {}
     for line in text.splitlines():

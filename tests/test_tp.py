@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from prism_backend.pipeline import DecisionPipeline
 from prism_client.client import PrismClient, PrismError
 from prism_client.server import ServerOptions, TritonServer
 
-from conftest import REGISTRY, SAMPLE_TICKET, free_port, wait_for
+from conftest import REGISTRY, SAMPLE_TICKET, free_port, processes_with, wait_for
 
 BATCH = [{"material": SAMPLE_TICKET, "tasks": ["team", "severity", "reply_time"]},
          {"material": "The mobile app logs me out every few minutes.", "tasks": ["severity@1"]},
@@ -29,17 +28,7 @@ def bits(results) -> list[bytes]:
 
 def tp_workers() -> list[int]:
     """Live tensor-parallel worker processes on this machine."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if b"prism_backend.tp_worker" in cmdline and state != "Z":
-                found.append(int(entry.name))
-    return found
+    return processes_with(b"prism_backend.tp_worker")
 
 
 def test_tp2_is_bit_identical_to_tp1_for_the_embedded_model(int8_pipeline):
