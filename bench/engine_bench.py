@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import RESULTS, WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.pipeline import DecisionPipeline  # noqa: E402
-from prism_backend.reference import HFReference  # noqa: E402
+from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
 
 

@@ -24,7 +24,7 @@ def _positive_int(text: str) -> int:
 def ensure_model(model_dir: Path) -> Path:
     """The embedded model is converted on first use; other model dirs must already exist."""
     if Path(model_dir).resolve() == DEFAULT_MODEL_DIR.resolve():
-        from prism_backend.embedded_model import ensure_embedded_model
+        from prism_backend.model.embedded_model import ensure_embedded_model
 
         ensure_embedded_model(DEFAULT_MODEL_DIR)
     return Path(model_dir)

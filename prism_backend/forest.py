@@ -23,7 +23,7 @@ import torch
 
 from .config import EngineConfig
 from .prefix_cache import ROOT_KEY, CacheEntry, PrefixCache, block_key
-from .prompt import EncodedRequest
+from .text.prompt import EncodedRequest
 
 
 @dataclass

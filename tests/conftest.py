@@ -27,7 +27,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from prism_backend.embedded_model import ensure_embedded_model
+    from prism_backend.model.embedded_model import ensure_embedded_model
 
     return ensure_embedded_model(DEFAULT_MODEL_DIR)
 
@@ -40,21 +40,21 @@ def fp32_config(model_dir) -> EngineConfig:
 
 @pytest.fixture(scope="session")
 def pipeline(fp32_config):
-    from prism_backend.pipeline import DecisionPipeline
+    from prism_backend.serving.pipeline import DecisionPipeline
 
     return DecisionPipeline(fp32_config, REGISTRY)
 
 
 @pytest.fixture(scope="session")
 def int8_pipeline(fp32_config):
-    from prism_backend.pipeline import DecisionPipeline
+    from prism_backend.serving.pipeline import DecisionPipeline
 
     return DecisionPipeline(fp32_config.replace(precision="int8"), REGISTRY)
 
 
 @pytest.fixture(scope="session")
 def hf_reference(model_dir):
-    from prism_backend.reference import HFReference
+    from prism_backend.model.reference import HFReference
 
     return HFReference(model_dir)
 

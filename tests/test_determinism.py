@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from prism_backend.determinism import CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests
-from prism_backend.quant import Int8Linear
+from prism_backend.model.quant import Int8Linear
+from prism_backend.serving.determinism import CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests
 
 from conftest import SAMPLE_TICKET
 
@@ -91,7 +91,7 @@ def test_int8_close_to_fp32_on_the_sample_ticket(int8_pipeline, pipeline):
 def test_int8_bits_do_not_depend_on_thread_count(fp32_config):
     """Instances get cpu_count / N threads each: the bits must not depend on it (smoothing is
     calibrated on one thread; the int8 forward is thread-count invariant)."""
-    from prism_backend.engine import DecisionEngine
+    from prism_backend.engine.engine import DecisionEngine
 
     bits, original = [], torch.get_num_threads()
     for threads in (1, 2):

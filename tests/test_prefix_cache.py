@@ -110,7 +110,7 @@ def test_material_up_to_the_full_context(tiny_model_dir):
     of 512 rows: valid probabilities, bit-identical to one unchunked pass. (The embedded model's
     8,192-token context works the same way; it takes ~40 s per pass on 2 cores, too slow for CI.)"""
     from prism_backend.config import EngineConfig
-    from prism_backend.pipeline import DecisionPipeline
+    from prism_backend.serving.pipeline import DecisionPipeline
 
     from conftest import REGISTRY
 

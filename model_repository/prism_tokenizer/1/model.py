@@ -1,11 +1,11 @@
-"""Triton adapter for the tokenizer step; the logic lives in prism_backend.serving.TokenizerStep."""
+"""Triton adapter for the tokenizer step; the logic lives in prism_backend.serving.steps.TokenizerStep."""
 import json
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import RequestError
-from prism_backend.serving import TokenizerStep, model_parameters, numpy_inputs
+from prism_backend.serving.steps import TokenizerStep, model_parameters, numpy_inputs
 
 
 class TritonPythonModel:

@@ -11,7 +11,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RequestError
+from ..errors import RequestError
 
 LETTERS = string.ascii_uppercase
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .forest import Segment
+from ..forest import Segment
 from .quant import use_triton
 
 

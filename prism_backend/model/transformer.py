@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..forest import Forest
 from .attention import ForestAttention
-from .forest import Forest
 from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
 from .loader import LayerWeights, ModelSpec, ModelWeights
 from .quant import make_linear

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import torch
 
-from .config import EngineConfig
-from .forest import Forest, build_forest
-from .loader import ModelSpec, load_hf_config, load_model, spec_from_config
-from .model import ForestTransformer
-from .prefix_cache import CacheEntry, PrefixCache
-from .prompt import EncodedRequest
-from .tp import TPGroup, local_spec, plan_shards, shard_stats
+from ..config import EngineConfig
+from ..forest import Forest, build_forest
+from ..model.loader import ModelSpec, load_hf_config, load_model, spec_from_config
+from ..model.tp import TPGroup, local_spec, plan_shards, shard_stats
+from ..model.transformer import ForestTransformer
+from ..prefix_cache import CacheEntry, PrefixCache
+from ..text.prompt import EncodedRequest
 
 
 def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
     """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts."""
     from transformers import AutoTokenizer
 
-    from .calibration import calibration_requests
-    from .smoothing import calibrate
+    from ..model.smoothing import calibrate
+    from ..text.calibration import calibration_requests
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
     # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
@@ -40,7 +40,7 @@ def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[di
 
 def build_model(config: EngineConfig, group: TPGroup | None = None):
     """-> (the checkpoint's full spec, this rank's ForestTransformer, the LM head (V, H))."""
-    from .smoothing import apply_smoothing
+    from ..model.smoothing import apply_smoothing
 
     smooth = config.precision == "int8" and config.smooth_alpha > 0
     if group is None:

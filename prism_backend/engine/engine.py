@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import EngineConfig
-from .errors import RequestError
-from .forest import ForestStats
-from .prompt import EncodedRequest
+from ..config import EngineConfig
+from ..errors import RequestError
+from ..forest import ForestStats
+from ..model.scoring import FULL_VOCABULARY, score_answer
+from ..text.prompt import EncodedRequest
 from .runner import ForestRunner, build_model
-from .scoring import FULL_VOCABULARY, score_answer
 from .tp_worker import TPWorkers
 
 

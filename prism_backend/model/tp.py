@@ -1,7 +1,7 @@
 """Tensor parallelism inside one model instance: the head/column split and the process group.
 
 Rank 0 is the engine in the Triton instance; ranks 1..N-1 are worker processes it starts
-(`python -m prism_backend.tp_worker`). All ranks run the same forest forward on their shard:
+(`python -m prism_backend.engine.tp_worker`). All ranks run the same forest forward on their shard:
 
     q/k/v, gate/up   column-parallel: each rank holds whole KV groups (their KV heads and the
                      query heads that read them) and a slice of the MLP columns; no communication
@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError
+from ..config import ConfigError
 from .loader import ModelSpec
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import RequestError
+from ..errors import RequestError
 from .tasks import Task
 
 

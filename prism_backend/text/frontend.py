@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import EngineConfig
-from .errors import RequestError
-from .loader import load_hf_config, spec_from_config
+from ..config import EngineConfig
+from ..errors import RequestError
+from ..model.loader import load_hf_config, spec_from_config
 from .prompt import EncodedRequest, PromptBuilder
 from .tasks import Task, TaskRegistry
 

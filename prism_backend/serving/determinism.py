@@ -61,7 +61,7 @@ def engine_self_check(score_batch, requests: list) -> tuple[bool, dict[str, list
 def synthetic_requests(vocab_size: int, seed: int = 0) -> list:
     """Token-id requests for the decision step's startup self-check (it has no tokenizer):
     a shared root, two trunks, one shared by two requests, branches of varied lengths."""
-    from .prompt import EncodedRequest
+    from ..text.prompt import EncodedRequest
 
     rng = np.random.RandomState(seed)
 

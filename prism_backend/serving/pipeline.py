@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import EngineConfig
-from .decisions import build_decision, task_info_dict
-from .engine import DecisionEngine
-from .errors import RequestError
-from .frontend import Frontend
+from ..config import EngineConfig
+from ..engine.engine import DecisionEngine
+from ..errors import RequestError
+from ..text.decisions import build_decision, task_info_dict
+from ..text.frontend import Frontend
 
 
 class DecisionPipeline:

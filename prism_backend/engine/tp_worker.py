@@ -1,6 +1,6 @@
 """Tensor-parallel worker processes: started by rank 0 (TPWorkers), they run rank r's shard.
 
-    python -m prism_backend.tp_worker RANK WORLD INIT_METHOD CONFIG_JSON
+    python -m prism_backend.engine.tp_worker RANK WORLD INIT_METHOD CONFIG_JSON
 
 A worker builds its shard (runner.build_model), then loops: receive rank 0's batch of encoded
 requests, run the same forest (its half of every layer), repeat; `None` means stop. A worker
@@ -20,8 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-from .config import EngineConfig
-from .tp import TPGroup, free_tcp_address, python_executable
+from ..config import EngineConfig
+from ..model.tp import TPGroup, free_tcp_address, python_executable
 
 STARTUP_TIMEOUT_S = 600
 
@@ -41,7 +41,7 @@ class TPWorkers:
         init = free_tcp_address()
         env = dict(os.environ)
         self.procs = [
-            subprocess.Popen([python_executable(), "-m", "prism_backend.tp_worker", str(rank), str(config.tp_size),
+            subprocess.Popen([python_executable(), "-m", "prism_backend.engine.tp_worker", str(rank), str(config.tp_size),
                               init, _config_json(config)], env=env)
             for rank in range(1, config.tp_size)
         ]
