@@ -8,11 +8,10 @@ import pytest
 from prism_backend.config import EngineConfig
 from prism_backend.engine.engine import DecisionEngine
 from prism_backend.errors import RequestError
-from prism_backend.forest import build_forest
+from prism_backend.forest import EncodedRequest, build_forest
 from prism_backend.model.loader import CheckpointError, load_model
 from prism_backend.model.reference import HFReference
 from prism_backend.serving.pipeline import DecisionPipeline
-from prism_backend.text.prompt import EncodedRequest
 
 from conftest import REGISTRY, SAMPLE_TICKET, TINY_ARCHS
 

@@ -11,9 +11,8 @@ from conftest import REGISTRY
 from kernels.int8_gemm import int8_gemm, int8_gemm_reference
 from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.forest import build_forest
+from prism_backend.forest import EncodedRequest, build_forest
 from prism_backend.model.attention import ForestAttention, answer_attention
-from prism_backend.text.prompt import EncodedRequest
 
 
 def _int8(shape, gen):

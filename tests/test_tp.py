@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.engine.engine import EngineUnavailable
+from prism_backend.errors import EngineUnavailable
 from prism_backend.serving.pipeline import DecisionPipeline
 from prism_client.client import PrismClient, PrismError
 from prism_client.server import ServerOptions, TritonServer

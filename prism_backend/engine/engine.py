@@ -14,9 +14,8 @@ import torch
 
 from ..config import EngineConfig
 from ..errors import RequestError
-from ..forest import ForestStats
+from ..forest import EncodedRequest, ForestStats
 from ..model.scoring import FULL_VOCABULARY, score_answer
-from ..text.prompt import EncodedRequest
 from .runner import ForestRunner, build_model
 from .tp_worker import TPWorkers
 
@@ -25,10 +24,6 @@ from .tp_worker import TPWorkers
 class TaskScore:
     probabilities: np.ndarray  # (C,) float32, in option order
     path: str  # "candidates" or "full_vocabulary"
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine cannot score any more (a tensor-parallel worker died); the model must be reloaded."""
 
 
 class DecisionEngine:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 
 from ..config import EngineConfig
-from ..forest import Forest, build_forest
+from ..forest import EncodedRequest, Forest, build_forest
 from ..model.loader import ModelSpec, load_hf_config, load_model, spec_from_config
 from ..model.tp import TPGroup, local_spec, plan_shards, shard_stats
 from ..model.transformer import ForestTransformer
 from ..prefix_cache import CacheEntry, PrefixCache
-from ..text.prompt import EncodedRequest
 
 
 def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:

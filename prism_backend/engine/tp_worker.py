@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from ..config import EngineConfig
+from ..errors import EngineUnavailable
 from ..model.tp import TPGroup, free_tcp_address, python_executable
 
 STARTUP_TIMEOUT_S = 600
@@ -34,9 +35,6 @@ class TPWorkers:
     """Rank 0's side: start ranks 1..N-1, form the group, watch the processes, stop them."""
 
     def __init__(self, config: EngineConfig):
-        from .engine import EngineUnavailable
-
-        self._unavailable = EngineUnavailable
         self.failure: str | None = None
         init = free_tcp_address()
         env = dict(os.environ)
@@ -68,7 +66,7 @@ class TPWorkers:
 
     def broadcast(self, batch) -> None:
         if self.failure is not None:
-            raise self._unavailable(self.failure)
+            raise EngineUnavailable(self.failure)
         self.group.broadcast(batch)
 
     def stop(self) -> None:

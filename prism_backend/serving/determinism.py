@@ -8,6 +8,8 @@ import json
 
 import numpy as np
 
+from ..forest import EncodedRequest
+
 _INLINE = json.dumps({"question": "Does the customer mention money?", "options": ["Yes", "No", "Unclear"]})
 
 # A fixed set: shared tickets, unrelated tickets, registered and inline tasks.
@@ -61,8 +63,6 @@ def engine_self_check(score_batch, requests: list) -> tuple[bool, dict[str, list
 def synthetic_requests(vocab_size: int, seed: int = 0) -> list:
     """Token-id requests for the decision step's startup self-check (it has no tokenizer):
     a shared root, two trunks, one shared by two requests, branches of varied lengths."""
-    from ..text.prompt import EncodedRequest
-
     rng = np.random.RandomState(seed)
 
     def ids(n):

@@ -23,9 +23,9 @@ import numpy as np
 from ..config import EngineConfig
 from ..engine.engine import DecisionEngine
 from ..errors import RequestError
+from ..forest import EncodedRequest
 from ..text.decisions import build_decision, task_info
 from ..text.frontend import Frontend
-from ..text.prompt import EncodedRequest
 from .determinism import engine_self_check, synthetic_requests
 
 TOKEN_TENSORS = ("root_ids", "trunk_ids", "branch_ids", "branch_lengths", "candidate_ids", "candidate_counts")

@@ -3,7 +3,7 @@ documents of the kinds Prism serves. Fixed text, shipped with the package, disti
 sets, so the smoothed weights are reproducible."""
 from __future__ import annotations
 
-from .prompt import EncodedRequest
+from ..forest import EncodedRequest
 
 DOCUMENTS = [
     "Subject: Cannot download invoices\n\nHi, since Monday the invoice download button in the billing area "

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from ..config import EngineConfig
 from ..errors import RequestError
+from ..forest import EncodedRequest
 from ..model.loader import load_hf_config, spec_from_config
-from .prompt import EncodedRequest, PromptBuilder
+from .prompt import PromptBuilder
 from .tasks import Task, TaskRegistry
 
 

@@ -16,23 +16,9 @@ each full prompt, so the invariant holds for any text.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..errors import RequestError
+from ..forest import EncodedRequest
 from .tasks import Task
-
-
-@dataclass(frozen=True)
-class EncodedRequest:
-    """Token ids of one request, ready for the forest."""
-
-    root: tuple[int, ...]
-    trunk: tuple[int, ...]
-    branches: tuple[tuple[int, ...], ...]  # one per task
-    candidates: tuple[tuple[int, ...], ...]  # answer-letter token ids, one tuple per task
-
-    def prompt_ids(self, i: int) -> list[int]:
-        return [*self.root, *self.trunk, *self.branches[i]]
 
 
 def common_prefix_length(a, b) -> int:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from prism_backend.engine.engine import EngineUnavailable
-from prism_backend.errors import RequestError
+from prism_backend.errors import EngineUnavailable, RequestError
 from prism_backend.serving.metrics import EngineMetrics
 from prism_backend.serving.steps import TOKEN_TENSORS, DecisionStep, model_parameters, numpy_inputs
 
