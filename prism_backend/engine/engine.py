@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..errors import RequestError
+from ..errors import RequestError, or_error, run_valid
 from ..forest import EncodedRequest, ForestStats
 from ..model.scoring import FULL_VOCABULARY, score_answer
 from .runner import ForestRunner, build_model
@@ -91,30 +91,29 @@ class DecisionEngine:
             if bad:
                 raise RequestError(f"{name} token id {bad[0]} is outside the vocabulary [0, {vocab})")
 
-    def score(self, requests: list[EncodedRequest]) -> tuple[list[list[TaskScore] | RequestError], ForestStats]:
-        results: list[list[TaskScore] | RequestError | None] = [None] * len(requests)
-        valid = []
-        for i, req in enumerate(requests):
-            try:
-                self.validate(req)
-                valid.append(i)
-            except RequestError as exc:
-                results[i] = exc
-        if not valid:
-            return results, ForestStats(requests=0)
+    def _validated(self, req: EncodedRequest) -> EncodedRequest:
+        self.validate(req)
+        return req
 
-        batch = [requests[i] for i in valid]
+    def score(self, requests: list[EncodedRequest]) -> tuple[list[list[TaskScore] | RequestError], ForestStats]:
+        """Per request its task scores, or the RequestError that rejected it alone; forest statistics."""
+        return run_valid([or_error(self._validated, req) for req in requests], self._score_valid)
+
+    def _score_valid(self, batch: list[EncodedRequest]) -> tuple[list[list[TaskScore]], ForestStats]:
+        if not batch:
+            return [], ForestStats(requests=0)
         with self._lock:
             if self.workers is not None:
                 self.workers.broadcast(batch)  # every rank runs the same forest
             forest, hidden = self.runner.forward(batch)  # (A, H)
         stats = forest.stats
+        results = []
         with torch.inference_mode():
-            for i, answers in zip(valid, forest.answers):
+            for req, answers in zip(batch, forest.answers):
                 scores = []
-                for answer, cands in zip(answers, requests[i].candidates):
+                for answer, cands in zip(answers, req.candidates):
                     probs, path = score_answer(hidden[answer], self.lm_head, cands, self.config.max_candidates)
                     stats.fallback_tasks += path == FULL_VOCABULARY
                     scores.append(TaskScore(probs.to(torch.float32).numpy().copy(), path))
-                results[i] = scores
+                results.append(scores)
         return results, stats

@@ -1,4 +1,5 @@
-"""Text in, decisions out, in one process: the same steps the Triton ensemble chains.
+"""Text in, decisions out, in one process: the very step objects the Triton ensemble chains
+(steps.py), so the in-process path and the served path are one code path.
 
     DecisionPipeline(config, registry_path).decide(material, ["team", "severity"])
 """
@@ -6,45 +7,43 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..config import EngineConfig
-from ..engine.engine import DecisionEngine
-from ..errors import RequestError
-from ..text.decisions import build_decision, task_info_dict
-from ..text.frontend import Frontend
+from ..errors import RequestError, or_error, run_valid
+from .steps import DecisionStep, TokenizerStep, decisions
+
+
+def _text_tensors(request: dict) -> tuple:
+    """A request dict as the tokenizer step's inputs: material (1,), tasks (T,), system (1,) or None."""
+    system = request.get("system")
+    return (np.array([request.get("material")], dtype=np.object_),
+            np.array(list(request.get("tasks", [])), dtype=np.object_),
+            None if system is None else np.array([system], dtype=np.object_))
 
 
 class DecisionPipeline:
     def __init__(self, config: EngineConfig, registry_path: Path):
-        self.frontend = Frontend(config, registry_path)
-        self.engine = DecisionEngine(config)
+        self.tokenizer = TokenizerStep(config, registry_path)
+        # The server's startup self-check runs in the Triton model; in process it is tested directly.
+        self.decision = DecisionStep(config, self_check=False)
+
+    @property
+    def frontend(self):
+        return self.tokenizer.frontend
+
+    @property
+    def engine(self):
+        return self.decision.engine
 
     def decide_many(self, requests: list[dict], return_prompt_ids: bool = False):
         """requests: [{"material": str, "tasks": [str], "system": str?}] -> per request a list of
-        decisions or the RequestError that request raised."""
-        encoded, tasks, results = [], [], []
-        for r in requests:
-            try:
-                e, t = self.frontend.encode(r.get("material"), r.get("tasks", []), r.get("system"))
-            except RequestError as exc:
-                e, t = exc, None
-            encoded.append(e)
-            tasks.append(t)
-        ok = [i for i, e in enumerate(encoded) if not isinstance(e, RequestError)]
-        scored, stats = self.engine.score([encoded[i] for i in ok])
-        by_index = dict(zip(ok, scored))
-        for i, e in enumerate(encoded):
-            out = by_index.get(i, e)
-            if isinstance(out, RequestError):
-                results.append(out)
-                continue
-            results.append([
-                build_decision(
-                    task_info_dict(task), s.probabilities, s.path,
-                    e.prompt_ids(t) if return_prompt_ids else None,
-                    list(e.candidates[t]) if return_prompt_ids else None,
-                )
-                for t, (task, s) in enumerate(zip(tasks[i], out))
-            ])
+        decisions or the RequestError that request raised; the batch's forest statistics."""
+        tokens = [or_error(self.tokenizer.run, *_text_tensors(r)) for r in requests]
+        scored, stats = run_valid(tokens, self.decision.run)
+        flag = np.array([return_prompt_ids])
+        results = [s if isinstance(s, RequestError) else decisions({**t, **s, "return_prompt_ids": flag})
+                   for t, s in zip(tokens, scored)]
         return results, stats
 
     def decide(self, material: str, tasks: list[str], system: str | None = None,

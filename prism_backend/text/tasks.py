@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import RequestError
 
 LETTERS = string.ascii_uppercase
+REGISTRY_FILE = "tasks.json"  # the registry's name inside the tokenizer model's version directory
 
 
 @dataclass(frozen=True)
