@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from prism_backend.config import ComputeSettings
 from prism_backend.model.quant import Int8Linear
 from prism_backend.serving.determinism import CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests
 
@@ -70,7 +71,7 @@ def test_int8_linear_rows_are_batch_invariant_and_close(passes, weight_passes, b
     torch.manual_seed(1)
     w, bias = torch.randn(96, 64), torch.randn(96)
     x = torch.randn(33, 64) * torch.linspace(0.1, 8, 64)  # outlier channels
-    lin = Int8Linear(w, bias, passes, weight_passes=weight_passes)
+    lin = Int8Linear(w, bias, ComputeSettings("int8", passes, weight_passes))
     assert (lin.w_res is not None) == (weight_passes == 2)
     full = lin(x)
     for i in (0, 17, 32):

@@ -18,10 +18,10 @@ def hidden_before_and_after(model_dir, alpha=0.5):
     requests = calibration_requests(AutoTokenizer.from_pretrained(model_dir))
     forest = build_forest(requests[:3])
     spec, weights = load_model(model_dir)
-    before = ForestTransformer(spec, weights, "fp32").answer_hidden(forest)
-    stats = calibrate(ForestTransformer(spec, weights, "fp32"), [build_forest([r]) for r in requests])
+    before = ForestTransformer(spec, weights).answer_hidden(forest)
+    stats = calibrate(ForestTransformer(spec, weights), [build_forest([r]) for r in requests])
     apply_smoothing(spec, weights, stats, alpha)
-    after = ForestTransformer(spec, weights, "fp32").answer_hidden(forest)
+    after = ForestTransformer(spec, weights).answer_hidden(forest)
     return before, after, stats
 
 

@@ -32,7 +32,7 @@ def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[di
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return calibrate(ForestTransformer(spec, weights, "fp32"), forests)
+        return calibrate(ForestTransformer(spec, weights), forests)  # the default: plain fp32
     finally:
         torch.set_num_threads(threads)
 
@@ -46,8 +46,7 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
         spec, weights = load_model(config.model_dir)
         if smooth:
             apply_smoothing(spec, weights, calibration_stats(config, spec, weights), config.smooth_alpha)
-        return spec, ForestTransformer(spec, weights, config.precision, config.act_passes, config.kernels,
-                                       weight_passes=config.weight_passes), weights.lm_head
+        return spec, ForestTransformer(spec, weights, config.compute), weights.lm_head
 
     spec = spec_from_config(load_hf_config(config.model_dir))
     shard = plan_shards(spec, group.world)[group.rank]
@@ -62,8 +61,7 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     mine = local_spec(spec, shard)
     if smooth:
         apply_smoothing(mine, weights, shard_stats(stats, spec, shard), config.smooth_alpha, group.all_reduce_max)
-    model = ForestTransformer(mine, weights, config.precision, config.act_passes, config.kernels, group,
-                              config.weight_passes)
+    model = ForestTransformer(mine, weights, config.compute.with_group(group))
     return spec, model, weights.lm_head
 
 
