@@ -38,14 +38,14 @@ from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
+from prism_backend.processes import free_port  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 from prism_client.client import PrismClient  # noqa: E402
-from prism_client.server import (  # noqa: E402
-    DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer, free_port)
+from prism_client.server import ServerOptions, TritonServer  # noqa: E402
 
 CPUS = sorted(os.sched_getaffinity(0))  # `taskset -c 1 ...` runs every engine on core 1 only
 THREADS = len(CPUS)
-REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 LOG = ROOT / ".run" / "vllm_server.log"  # git-ignored
 QUESTIONS = ["team", "reply_time", "severity"]
 FILLER = eval_tickets()

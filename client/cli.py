@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from prism_backend.config import PRECISIONS, ConfigError
+from prism_backend.paths import DEFAULT_MODEL_DIR
 
 from .router import BALANCES
-from .server import DEFAULT_MODEL_DIR, ServerOptions, TritonServer
+from .server import ServerOptions, TritonServer
 
 
 def _positive_int(text: str) -> int:

@@ -70,6 +70,9 @@ class EngineConfig:
     max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
     max_tasks_per_request: int = 32
     tp_size: int = 1
+    # How long the ranks of a tensor-parallel group wait for each other (the workers load their
+    # shards meanwhile), and the timeout of the group's collectives.
+    tp_startup_timeout_s: int = 600
     num_threads: int = 0  # 0: leave torch's default
     # Which code runs attention and the int8 GEMMs: "auto" = the Triton-lang kernels (kernels/) for
     # CUDA tensors, torch for CPU tensors; "torch" or "triton" force one (triton on CPU tensors needs
@@ -88,16 +91,12 @@ class EngineConfig:
             raise ConfigError(
                 f"max_candidates must be between 2 and {self.max_options}, got {self.max_candidates}"
             )
-        if self.max_tasks_per_request < 1:
-            raise ConfigError(f"max_tasks_per_request must be >= 1, got {self.max_tasks_per_request}")
-        if self.tp_size < 1:
-            raise ConfigError(f"tp_size must be >= 1, got {self.tp_size}")
+        for name, least in (("max_tasks_per_request", 1), ("tp_size", 1), ("tp_startup_timeout_s", 1),
+                            ("num_threads", 0), ("kv_block_tokens", 1)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if not 0 <= self.smooth_alpha < 1:
             raise ConfigError(f"smooth_alpha must be in [0, 1), got {self.smooth_alpha}")
-        if self.num_threads < 0:
-            raise ConfigError(f"num_threads must be >= 0, got {self.num_threads}")
-        if self.kv_block_tokens < 1:
-            raise ConfigError(f"kv_block_tokens must be >= 1, got {self.kv_block_tokens}")
         if self.prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes must be >= 0 (0 disables the cache), got {self.prefix_cache_bytes}")
         if self.prefill_chunk_tokens and self.prefill_chunk_tokens < self.kv_block_tokens:

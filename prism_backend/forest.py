@@ -69,10 +69,6 @@ class ForestStats:
     chunks: int = 0  # passes over the layers (prefill chunks)
     max_chunk_rows: int = 0  # rows computed in the largest pass: bounds activation memory
 
-    @property
-    def tokens_saved(self) -> int:
-        return self.tokens_generic - self.tokens_computed
-
 
 @dataclass
 class Forest:

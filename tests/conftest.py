@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from prism_backend.config import EngineConfig
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer, free_port  # noqa: F401
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, REPO_ROOT
+from prism_backend.processes import free_port  # noqa: F401 (for the tests)
+from prism_client.server import ServerOptions, TritonServer
 SAMPLE_TICKET = (REPO_ROOT / "samples" / "ticket.txt").read_text(encoding="utf-8")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

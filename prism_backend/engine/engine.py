@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import EngineConfig
+from ..config import ConfigError, EngineConfig
 from ..errors import RequestError, or_error, run_valid
 from ..forest import EncodedRequest, ForestStats
 from ..model.scoring import FULL_VOCABULARY, score_answer
@@ -26,21 +26,32 @@ class TaskScore:
     path: str  # "candidates" or "full_vocabulary"
 
 
+# What the built model depends on: engines equal in these may share one model.
+WEIGHT_FIELDS = ("model_dir", "precision", "act_passes", "weight_passes", "smooth_alpha", "kernels")
+
+
 class DecisionEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, share_weights_with: DecisionEngine | None = None):
+        """share_weights_with: an engine (without TP) whose model this one uses instead of building
+        its own, when the two configs differ only outside WEIGHT_FIELDS (cache, chunking, limits)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.workers: TPWorkers | None = None
-        group = None
-        if config.tp_size > 1:
-            self.workers = TPWorkers(config)
-            group = self.workers.group
-        try:
-            self.spec, model, self.lm_head = build_model(config, group)
-        except BaseException:
-            self.close()
-            raise
+        if share_weights_with is not None:
+            _check_shareable(config, share_weights_with.config)
+            self.spec, model, self.lm_head = share_weights_with.spec, share_weights_with.model, share_weights_with.lm_head
+        else:
+            group = None
+            if config.tp_size > 1:
+                self.workers = TPWorkers(config)
+                group = self.workers.group
+            try:
+                self.spec, model, self.lm_head = build_model(config, group)
+            except BaseException:
+                self.close()
+                raise
+        self.model = model  # this rank's ForestTransformer
         self.runner = ForestRunner(config, self.spec, model)
         # with TP, one forest at a time: every rank's collectives must line up
         self._lock = threading.Lock() if self.workers is not None else contextlib.nullcontext()
@@ -48,10 +59,6 @@ class DecisionEngine:
     @property
     def cache(self):
         return self.runner.cache
-
-    @cache.setter
-    def cache(self, value):
-        self.runner.cache = value
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (if any); idempotent."""
@@ -117,3 +124,11 @@ class DecisionEngine:
                     scores.append(TaskScore(probs.to(torch.float32).numpy().copy(), path))
                 results.append(scores)
         return results, stats
+
+
+def _check_shareable(config: EngineConfig, other: EngineConfig) -> None:
+    if config.tp_size > 1 or other.tp_size > 1:
+        raise ConfigError("engines share weights only without tensor parallelism (tp_size 1)")
+    differ = [name for name in WEIGHT_FIELDS if getattr(config, name) != getattr(other, name)]
+    if differ:
+        raise ConfigError(f"cannot share weights built with different {differ}")

@@ -10,10 +10,8 @@ error, never a hang) until the model is reloaded.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,10 +20,8 @@ from pathlib import Path
 
 from ..config import EngineConfig
 from ..errors import EngineUnavailable
-from ..model.tp import TPGroup, free_tcp_address, python_executable
-
-STARTUP_TIMEOUT_S = 600
-
+from ..model.tp import TPGroup
+from ..processes import die_with_parent, free_port, python_executable
 
 def _config_json(config: EngineConfig) -> str:
     return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(config).items()})
@@ -36,7 +32,7 @@ class TPWorkers:
 
     def __init__(self, config: EngineConfig):
         self.failure: str | None = None
-        init = free_tcp_address()
+        init = f"tcp://127.0.0.1:{free_port()}"
         env = dict(os.environ)
         self.procs = [
             subprocess.Popen([python_executable(), "-m", "prism_backend.engine.tp_worker", str(rank), str(config.tp_size),
@@ -45,7 +41,7 @@ class TPWorkers:
         ]
         self._stopping = False
         try:
-            self.group = TPGroup(0, config.tp_size, init, timeout_s=STARTUP_TIMEOUT_S)
+            self.group = TPGroup(0, config.tp_size, init, timeout_s=config.tp_startup_timeout_s)
         except BaseException:
             self._kill()
             raise
@@ -92,16 +88,10 @@ class TPWorkers:
             proc.wait()
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(argv: list[str]) -> int:
     rank, world, init, config_json = int(argv[0]), int(argv[1]), argv[2], argv[3]
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
     fields = json.loads(config_json)
@@ -112,7 +102,7 @@ def main(argv: list[str]) -> int:
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    group = TPGroup(rank, world, init, timeout_s=STARTUP_TIMEOUT_S)
+    group = TPGroup(rank, world, init, timeout_s=config.tp_startup_timeout_s)
     try:
         spec, model, _ = build_model(config, group)
         runner = ForestRunner(config, spec, model)

@@ -15,10 +15,6 @@ Everything else (embeddings, norms, residuals) is replicated; only rank 0 scores
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -112,17 +108,3 @@ class TPGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def free_tcp_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def python_executable() -> str:
-    """The interpreter for worker processes. Inside Triton's Python backend sys.executable is the
-    stub, not Python: the launcher exports PRISM_PYTHON; elsewhere the running interpreter."""
-    for candidate in (os.environ.get("PRISM_PYTHON"), sys.executable, shutil.which("python3")):
-        if candidate and "python" in os.path.basename(candidate):
-            return candidate
-    raise ConfigError("cannot find a Python interpreter for tensor-parallel workers; set PRISM_PYTHON")

@@ -23,18 +23,14 @@ def _text_tensors(request: dict) -> tuple:
 
 
 class DecisionPipeline:
-    def __init__(self, config: EngineConfig, registry_path: Path):
+    def __init__(self, config: EngineConfig, registry_path: Path, share_weights_with: DecisionPipeline | None = None):
+        """share_weights_with: a pipeline whose model this one uses (configs that differ only in
+        cache, chunking or limits; see DecisionEngine)."""
         self.tokenizer = TokenizerStep(config, registry_path)
         # The server's startup self-check runs in the Triton model; in process it is tested directly.
-        self.decision = DecisionStep(config, self_check=False)
-
-    @property
-    def frontend(self):
-        return self.tokenizer.frontend
-
-    @property
-    def engine(self):
-        return self.decision.engine
+        self.decision = DecisionStep(config, self_check=False,
+                                     share_weights_with=None if share_weights_with is None else share_weights_with.engine)
+        self.frontend, self.engine = self.tokenizer.frontend, self.decision.engine
 
     def decide_many(self, requests: list[dict], return_prompt_ids: bool = False):
         """requests: [{"material": str, "tasks": [str], "system": str?}] -> per request a list of

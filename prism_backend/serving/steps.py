@@ -123,11 +123,12 @@ class TokenizerStep:
 
 
 class DecisionStep:
-    def __init__(self, config: EngineConfig, self_check: bool = True):
+    def __init__(self, config: EngineConfig, self_check: bool = True, share_weights_with: DecisionEngine | None = None):
         """self_check: score synthetic requests batched in several ways at start (the served
-        model's determinism self-check; `self_check_ok` is None when skipped)."""
+        model's determinism self-check; `self_check_ok` is None when skipped).
+        share_weights_with: see DecisionEngine."""
         self.config = config
-        self.engine = DecisionEngine(self.config)
+        self.engine = DecisionEngine(self.config, share_weights_with)
         self.self_check_ok = None
         try:
             if self_check:

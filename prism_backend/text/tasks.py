@@ -14,7 +14,6 @@ from pathlib import Path
 from ..errors import RequestError
 
 LETTERS = string.ascii_uppercase
-REGISTRY_FILE = "tasks.json"  # the registry's name inside the tokenizer model's version directory
 
 
 @dataclass(frozen=True)
@@ -87,9 +86,6 @@ class TaskRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
-
-    def all_tasks(self) -> list[Task]:
-        return [t for versions in self._by_name.values() for t in versions.values()]
 
     def get(self, name: str, version: int | None = None) -> Task:
         versions = self._by_name.get(name)

@@ -4,8 +4,8 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import RequestError
+from prism_backend.paths import REGISTRY_FILE
 from prism_backend.serving.steps import TokenizerStep, numpy_inputs, triton_engine_config
-from prism_backend.text.tasks import REGISTRY_FILE
 
 
 class TritonPythonModel:
