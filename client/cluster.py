@@ -1,6 +1,6 @@
 """Several Prism servers on one machine behind the nginx router (`prism serve --replicas N`).
 
-The local form of the production layout (README, "Scale-out"): N independent tritonservers, each
+The local form of the production layout (docs/scale-out.md): N independent tritonservers, each
 with its own prefix cache, and a router that sends requests about the same material to the same
 replica. Replicas listen on free loopback ports; only the router's ports are the public ones.
 """
