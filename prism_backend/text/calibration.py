@@ -1,4 +1,4 @@
-"""Calibration prompts for smoothing (smoothing.py): chat-formatted decision prompts over a few
+"""Calibration prompts for smoothing (model/smoothing.py): chat-formatted decision prompts over a few
 documents of the kinds Prism serves. Fixed text, shipped with the package, distinct from the eval
 sets, so the smoothed weights are reproducible."""
 from __future__ import annotations

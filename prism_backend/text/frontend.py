@@ -1,7 +1,7 @@
-"""The tokenizer step: raw request fields -> tasks + segment token ids.
+"""Raw request fields -> tasks + segment token ids: the work of the tokenizer step.
 
-Used by the `prism_tokenizer` Triton model, by `DecisionPipeline`, by the tests and benchmarks, so
-the prompt is defined in exactly one place (prompt.py).
+Behind `serving.steps.TokenizerStep`, which the `prism_tokenizer` Triton model and
+`DecisionPipeline` both call, so the prompt is defined in exactly one place (prompt.py).
 """
 from __future__ import annotations
 
