@@ -123,7 +123,8 @@ class TokenizerStep:
 
 
 class DecisionStep:
-    def __init__(self, config: EngineConfig, self_check: bool = True, share_weights_with: DecisionEngine | None = None):
+    def __init__(self, config: EngineConfig, self_check: bool = True,
+                 share_weights_with: DecisionEngine | None = None):
         """self_check: score synthetic requests batched in several ways at start (the served
         model's determinism self-check; `self_check_ok` is None when skipped).
         share_weights_with: see DecisionEngine."""
