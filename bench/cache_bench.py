@@ -23,12 +23,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.pipeline import DecisionPipeline  # noqa: E402
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
+from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 from workloads import eval_tickets, write_result  # noqa: E402
 
-REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 
 
 def ticket_threads(n: int) -> list[str]:

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import RESULTS, WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.pipeline import DecisionPipeline  # noqa: E402
-from prism_backend.reference import HFReference  # noqa: E402
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH  # noqa: E402
+from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
 
 
@@ -55,7 +55,7 @@ def main() -> None:
                                  ("smooth_alpha", args.smooth_alpha)) if v is not None}
     # no prefix cache: the repeats would otherwise measure cache hits (bench/cache_bench.py does that)
     config = EngineConfig(model_dir=args.model_dir, precision=args.precision, prefix_cache_bytes=0, **variant)
-    prism = DecisionPipeline(config, MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json")
+    prism = DecisionPipeline(config, REGISTRY_PATH)
     references = {label: HFReference(args.model_dir, dtype)
                   for label, dtype in (("HF generic fp32", torch.float32), ("HF generic bf16", torch.bfloat16))
                   if label in args.engines}

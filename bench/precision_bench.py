@@ -20,10 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.pipeline import DecisionPipeline  # noqa: E402
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
+from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
-REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from prism_client.client import PrismClient  # noqa: E402
-from prism_client.server import ServerOptions, TritonServer, free_port  # noqa: E402
+from prism_backend.processes import free_port  # noqa: E402
+from prism_client.server import ServerOptions, TritonServer  # noqa: E402
 from workloads import eval_tickets, support_threads, write_result  # noqa: E402
 
 

@@ -37,15 +37,15 @@ from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.pipeline import DecisionPipeline  # noqa: E402
-from prism_backend.reference import HFReference  # noqa: E402
+from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
+from prism_backend.processes import free_port  # noqa: E402
+from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 from prism_client.client import PrismClient  # noqa: E402
-from prism_client.server import (  # noqa: E402
-    DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer, free_port)
+from prism_client.server import ServerOptions, TritonServer  # noqa: E402
 
 CPUS = sorted(os.sched_getaffinity(0))  # `taskset -c 1 ...` runs every engine on core 1 only
 THREADS = len(CPUS)
-REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 LOG = ROOT / ".run" / "vllm_server.log"  # git-ignored
 QUESTIONS = ["team", "reply_time", "severity"]
 FILLER = eval_tickets()
@@ -285,7 +285,7 @@ def main() -> None:
         finally:
             server.stop()
 
-    engine_code = ("from prism_backend.config import EngineConfig; from prism_backend.pipeline import DecisionPipeline; "
+    engine_code = ("from prism_backend.config import EngineConfig; from prism_backend.serving.pipeline import DecisionPipeline; "
                    "from pathlib import Path; p = DecisionPipeline(EngineConfig(model_dir=Path({d!r}), precision={p!r}, "
                    "prefix_cache_bytes=0), Path({r!r})); p.decide({t!r}, ['team', 'reply_time', 'severity'])")
     for precision in ("int8", "fp32"):

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from prism_backend.config import PRECISIONS, ConfigError
+from prism_backend.paths import DEFAULT_MODEL_DIR
 
 from .router import BALANCES
-from .server import DEFAULT_MODEL_DIR, ServerOptions, TritonServer
+from .server import ServerOptions, TritonServer
 
 
 def _positive_int(text: str) -> int:
@@ -24,7 +25,7 @@ def _positive_int(text: str) -> int:
 def ensure_model(model_dir: Path) -> Path:
     """The embedded model is converted on first use; other model dirs must already exist."""
     if Path(model_dir).resolve() == DEFAULT_MODEL_DIR.resolve():
-        from prism_backend.embedded_model import ensure_embedded_model
+        from prism_backend.model.embedded_model import ensure_embedded_model
 
         ensure_embedded_model(DEFAULT_MODEL_DIR)
     return Path(model_dir)

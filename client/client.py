@@ -1,6 +1,7 @@
 """A small typed client for the `prism` ensemble over Triton's HTTP or gRPC protocol (tritonclient)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MODEL_NAME = "prism"
+REQUEST_TIMEOUT_S = 300.0  # a first request may wait behind a cold instance's batch
 # Routing header: a hash of the system prompt and material. A router in front of several servers
 # (client/router.py: nginx, `hash ... consistent`) sends equal keys to the same server, whose prefix
 # cache already holds that material's KV. Requests without it are balanced round-robin.
@@ -101,12 +103,35 @@ def parse_decisions(result) -> list[Decision]:
     return [Decision.from_json(x) for x in result.as_numpy("decisions").reshape(-1)]
 
 
-class PrismClient:
-    """Blocking client. tritonclient's HTTP client is not thread-safe: use one per thread."""
+@contextlib.contextmanager
+def server_errors():
+    """tritonclient's InferenceServerException -> PrismError with the server's own message."""
+    from tritonclient.utils import InferenceServerException
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0):
+    try:
+        yield
+    except InferenceServerException as exc:
+        raise PrismError(exc.message(), exc.status()) from None
+
+
+class _ClientBase:
+    """What the blocking and the asyncio client share: the protocol and the request they send."""
+
+    def __init__(self, protocol: str, timeout: float):
         self.protocol, self.timeout = protocol, timeout
         self._tc = _protocol_module(protocol)
+
+    def _infer_call(self, material, tasks, system, return_prompt_ids: bool, urgent: bool) -> tuple[tuple, dict]:
+        """(positional, keyword) arguments of tritonclient's infer() for one decide() call."""
+        inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
+        return (MODEL_NAME, inputs), infer_options(self.protocol, self.timeout, material, system, urgent)
+
+
+class PrismClient(_ClientBase):
+    """Blocking client. tritonclient's HTTP client is not thread-safe: use one per thread."""
+
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = REQUEST_TIMEOUT_S):
+        super().__init__(protocol, timeout)
         if protocol == "http":
             self._client = self._tc.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
         else:
@@ -115,14 +140,9 @@ class PrismClient:
     def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
                return_prompt_ids: bool = False, urgent: bool = False) -> list[Decision]:
         """urgent: Triton priority 1, ahead of every queued non-urgent request."""
-        from tritonclient.utils import InferenceServerException
-
-        inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
-        kwargs = infer_options(self.protocol, self.timeout, material, system, urgent)
-        try:
-            return parse_decisions(self._client.infer(MODEL_NAME, inputs, **kwargs))
-        except InferenceServerException as exc:
-            raise PrismError(exc.message(), exc.status()) from None
+        args, kwargs = self._infer_call(material, tasks, system, return_prompt_ids, urgent)
+        with server_errors():
+            return parse_decisions(self._client.infer(*args, **kwargs))
 
     def is_ready(self) -> bool:
         try:
@@ -134,12 +154,11 @@ class PrismClient:
         self._client.close()
 
 
-class AsyncPrismClient:
+class AsyncPrismClient(_ClientBase):
     """asyncio client over tritonclient's aio HTTP or gRPC client."""
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0):
-        self.protocol, self.timeout = protocol, timeout
-        self._tc = _protocol_module(protocol)
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = REQUEST_TIMEOUT_S):
+        super().__init__(protocol, timeout)
         if protocol == "http":
             import tritonclient.http.aio as aio
 
@@ -151,14 +170,9 @@ class AsyncPrismClient:
 
     async def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
                      return_prompt_ids: bool = False, urgent: bool = False) -> list[Decision]:
-        from tritonclient.utils import InferenceServerException
-
-        inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
-        kwargs = infer_options(self.protocol, self.timeout, material, system, urgent)
-        try:
-            return parse_decisions(await self._client.infer(MODEL_NAME, inputs, **kwargs))
-        except InferenceServerException as exc:
-            raise PrismError(exc.message(), exc.status()) from None
+        args, kwargs = self._infer_call(material, tasks, system, return_prompt_ids, urgent)
+        with server_errors():
+            return parse_decisions(await self._client.infer(*args, **kwargs))
 
     async def close(self) -> None:
         await self._client.close()

@@ -1,6 +1,6 @@
 """Several Prism servers on one machine behind the nginx router (`prism serve --replicas N`).
 
-The local form of the production layout (README, "Scale-out"): N independent tritonservers, each
+The local form of the production layout (docs/scale-out.md): N independent tritonservers, each
 with its own prefix cache, and a router that sends requests about the same material to the same
 replica. Replicas listen on free loopback ports; only the router's ports are the public ones.
 """
@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 from prism_backend.config import ConfigError
+from prism_backend.processes import free_port
 
 from .router import NginxRouter, Replica, RouterOptions
-from .server import RUN_DIR, ServerOptions, TritonServer, free_port
+from .server import READY_TIMEOUT_S, RUN_DIR, ServerOptions, TritonServer
 
 
 class PrismCluster:
@@ -39,7 +40,7 @@ class PrismCluster:
     def metrics_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{s.options.metrics_port}/metrics" for s in self.servers]
 
-    def start(self, ready_timeout: float = 300.0) -> "PrismCluster":
+    def start(self, ready_timeout: float = READY_TIMEOUT_S) -> "PrismCluster":
         try:
             for server in self.servers:  # load side by side: the model load is most of the wait
                 server.launch()
@@ -51,7 +52,7 @@ class PrismCluster:
             raise
         return self
 
-    def restart_dead(self, ready_timeout: float = 300.0) -> list[int]:
+    def restart_dead(self, ready_timeout: float = READY_TIMEOUT_S) -> list[int]:
         """Start again the replicas whose server exited (same ports: the router takes each back
         once its fail_timeout has passed). Returns their indices."""
         dead = [i for i, s in enumerate(self.servers) if s.process is not None and not s.running()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 
-from prism_backend.determinism import CHECK_REQUESTS, digest
+from prism_backend.serving.determinism import CHECK_REQUESTS, digest
 
 from .client import PrismClient
 

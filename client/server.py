@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -23,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism_backend.config import PRECISIONS, ConfigError
+from prism_backend.paths import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, REPO_ROOT
+from prism_backend.processes import die_with_parent
 from prism_backend.reproducibility import MKL_CBWR_ENV
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODEL_REPOSITORY = REPO_ROOT / "model_repository"
-DEFAULT_MODEL_DIR = REPO_ROOT / ".models" / "SmolLM2-135M-Instruct"
 RUN_DIR = REPO_ROOT / ".run"
+READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
 
 
@@ -154,13 +153,6 @@ def server_environment(paths: dict[str, Path]) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago (for servers started on "any free port")."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_ready(port: int, path: str = "/v2/health/ready", timeout: float = 1.0) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
@@ -185,12 +177,7 @@ def wait_until_serving(process: subprocess.Popen, port: int, path: str, timeout:
 
 def stop_with_parent() -> None:
     """In the child before exec: if the launching process dies, the server gets SIGTERM (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent(signal.SIGTERM)
 
 
 class TritonServer:
@@ -230,7 +217,7 @@ class TritonServer:
             cmd += ["--model-control-mode=explicit", "--load-model=*"]
         return cmd
 
-    def start(self, ready_timeout: float = 300.0) -> "TritonServer":
+    def start(self, ready_timeout: float = READY_TIMEOUT_S) -> "TritonServer":
         return self.launch().wait_ready(ready_timeout)
 
     def launch(self) -> "TritonServer":
@@ -244,7 +231,7 @@ class TritonServer:
         )
         return self
 
-    def wait_ready(self, ready_timeout: float = 300.0) -> "TritonServer":
+    def wait_ready(self, ready_timeout: float = READY_TIMEOUT_S) -> "TritonServer":
         if wait_until_serving(self.process, self.options.http_port, "/v2/health/ready", ready_timeout, 0.5,
                               lambda code: f"tritonserver exited with code {code}; last log lines:\n{self.log_tail()}"):
             return self

@@ -22,11 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "evals" / "data"
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.pipeline import DecisionPipeline  # noqa: E402
-from prism_backend.reference import HFReference  # noqa: E402
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
+from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
-REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
 BATCH = 16  # documents per forest
 
 

@@ -6,7 +6,7 @@
     acc_p     = x_q[p * M + m, :] @ w_q[:, n]          exact int32 accumulation
     acc_r     = x_q[m, :] @ w_res[:, n]                 exact int32 accumulation
 
-`passes` is Prism's multi-pass activation quantisation (quant.py): pass 1 quantises a row, pass 2
+`passes` is Prism's multi-pass activation quantisation (model/quant.py): pass 1 quantises a row, pass 2
 what pass 1 missed, stacked as extra rows of x_q. `w_res` is the weight's residual pass (what the
 int8 weight missed, quantised again); it multiplies the first activation pass only. The kernel
 folds the terms in that fixed order.

@@ -1,8 +1,10 @@
-"""One validated configuration object for the engine.
+"""One validated configuration object for the engine, and the small part of it the model computes with.
 
 Every knob of Prism lives here with its default. `config.pbtxt` parameters (strings, as Triton
 hands them over) and CLI flags are both turned into an `EngineConfig` through `from_parameters`,
-so a default is written down exactly once.
+so a default is written down exactly once, and each value's range is checked here, once.
+`ComputeSettings` (precision, quantisation passes, kernels, TP group) is what the model and each
+of its linear maps are handed.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 PRECISIONS = ("int8", "fp32")
 KERNEL_BACKENDS = ("auto", "torch", "triton")
@@ -21,6 +24,37 @@ DEFAULT_SYSTEM_PROMPT = (
 
 class ConfigError(ValueError):
     """A configuration value is missing or invalid; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """How the model computes; its defaults are the plain fp32 model (calibration, tests)."""
+
+    precision: str = "fp32"
+    act_passes: int = 1  # int8 activation quantisation passes (model/quant.py)
+    weight_passes: int = 1  # int8 weight quantisation passes
+    kernels: str = "auto"  # see EngineConfig.kernels
+    group: Any = None  # this rank's model.tp.TPGroup under tensor parallelism, else None
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not 1 <= self.act_passes <= 3:
+            raise ConfigError(f"act_passes must be 1, 2 or 3, got {self.act_passes}")
+        if self.weight_passes not in (1, 2):
+            raise ConfigError(f"weight_passes must be 1 or 2, got {self.weight_passes}")
+        if self.kernels not in KERNEL_BACKENDS:
+            raise ConfigError(f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
+        if self.kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 set in the "
+                                  "environment before start to run the kernels through Triton's interpreter")
+
+    def with_group(self, group) -> "ComputeSettings":
+        """The same settings on one rank of a tensor-parallel group (None: unsplit)."""
+        return dataclasses.replace(self, group=group)
 
 
 @dataclass(frozen=True)
@@ -36,6 +70,9 @@ class EngineConfig:
     max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
     max_tasks_per_request: int = 32
     tp_size: int = 1
+    # How long the ranks of a tensor-parallel group wait for each other (the workers load their
+    # shards meanwhile), and the timeout of the group's collectives.
+    tp_startup_timeout_s: int = 600
     num_threads: int = 0  # 0: leave torch's default
     # Which code runs attention and the int8 GEMMs: "auto" = the Triton-lang kernels (kernels/) for
     # CUDA tensors, torch for CPU tensors; "torch" or "triton" force one (triton on CPU tensors needs
@@ -49,39 +86,27 @@ class EngineConfig:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not 1 <= self.act_passes <= 3:
-            raise ConfigError(f"act_passes must be 1, 2 or 3, got {self.act_passes}")
-        if self.weight_passes not in (1, 2):
-            raise ConfigError(f"weight_passes must be 1 or 2, got {self.weight_passes}")
+        _ = self.compute  # building the compute settings checks precision, passes and kernels
         if not 2 <= self.max_candidates <= self.max_options:
             raise ConfigError(
                 f"max_candidates must be between 2 and {self.max_options}, got {self.max_candidates}"
             )
-        if self.max_tasks_per_request < 1:
-            raise ConfigError(f"max_tasks_per_request must be >= 1, got {self.max_tasks_per_request}")
-        if self.tp_size < 1:
-            raise ConfigError(f"tp_size must be >= 1, got {self.tp_size}")
+        for name, least in (("max_tasks_per_request", 1), ("tp_size", 1), ("tp_startup_timeout_s", 1),
+                            ("num_threads", 0), ("kv_block_tokens", 1)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if not 0 <= self.smooth_alpha < 1:
             raise ConfigError(f"smooth_alpha must be in [0, 1), got {self.smooth_alpha}")
-        if self.num_threads < 0:
-            raise ConfigError(f"num_threads must be >= 0, got {self.num_threads}")
-        if self.kv_block_tokens < 1:
-            raise ConfigError(f"kv_block_tokens must be >= 1, got {self.kv_block_tokens}")
         if self.prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes must be >= 0 (0 disables the cache), got {self.prefix_cache_bytes}")
         if self.prefill_chunk_tokens and self.prefill_chunk_tokens < self.kv_block_tokens:
             raise ConfigError(f"prefill_chunk_tokens ({self.prefill_chunk_tokens}) must be 0 (no chunking) or at "
                               f"least kv_block_tokens ({self.kv_block_tokens})")
-        if self.kernels not in KERNEL_BACKENDS:
-            raise ConfigError(f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
-        if self.kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-            import torch
 
-            if not torch.cuda.is_available():
-                raise ConfigError("kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 set in the "
-                                  "environment before start to run the kernels through Triton's interpreter")
+    @property
+    def compute(self) -> ComputeSettings:
+        """What the model computes with (without a TP group: the runner adds its rank's)."""
+        return ComputeSettings(self.precision, self.act_passes, self.weight_passes, self.kernels)
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> "EngineConfig":

@@ -9,6 +9,9 @@ before it. Blocks are the unit of the prefix cache (prefix_cache.py) and of chun
 because they exist whether or not a cache or chunking is in use, every segment's computation has
 the same shape either way: that is what makes cached, chunked and plain runs bit-identical.
 
+The input is one `EncodedRequest` per request: token ids already cut into root, trunk and branches
+(text/prompt.py makes them; the forest never sees text).
+
 Identical segments are found by their parent and full token content (a dict keyed by the id
 tuples, so a hash collision can never merge different text). Every unique segment is computed
 once; its rows are contiguous in the packed sequence, and its positions continue from its parent's
@@ -23,7 +26,19 @@ import torch
 
 from .config import EngineConfig
 from .prefix_cache import ROOT_KEY, CacheEntry, PrefixCache, block_key
-from .prompt import EncodedRequest
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """Token ids of one request, ready for the forest."""
+
+    root: tuple[int, ...]
+    trunk: tuple[int, ...]
+    branches: tuple[tuple[int, ...], ...]  # one per task
+    candidates: tuple[tuple[int, ...], ...]  # answer-letter token ids, one tuple per task
+
+    def prompt_ids(self, i: int) -> list[int]:
+        return [*self.root, *self.trunk, *self.branches[i]]
 
 
 @dataclass
@@ -53,10 +68,6 @@ class ForestStats:
     fallback_tasks: int = 0  # tasks scored over the full vocabulary
     chunks: int = 0  # passes over the layers (prefill chunks)
     max_chunk_rows: int = 0  # rows computed in the largest pass: bounds activation memory
-
-    @property
-    def tokens_saved(self) -> int:
-        return self.tokens_generic - self.tokens_computed
 
 
 @dataclass

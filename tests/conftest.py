@@ -17,17 +17,16 @@ from pathlib import Path
 import pytest
 
 from prism_backend.config import EngineConfig
-from prism_client.server import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, ServerOptions, TritonServer, free_port  # noqa: F401
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-REGISTRY = MODEL_REPOSITORY / "prism_tokenizer" / "1" / "tasks.json"
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, REPO_ROOT
+from prism_backend.processes import free_port  # noqa: F401 (for the tests)
+from prism_client.server import ServerOptions, TritonServer
 SAMPLE_TICKET = (REPO_ROOT / "samples" / "ticket.txt").read_text(encoding="utf-8")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from prism_backend.embedded_model import ensure_embedded_model
+    from prism_backend.model.embedded_model import ensure_embedded_model
 
     return ensure_embedded_model(DEFAULT_MODEL_DIR)
 
@@ -40,21 +39,21 @@ def fp32_config(model_dir) -> EngineConfig:
 
 @pytest.fixture(scope="session")
 def pipeline(fp32_config):
-    from prism_backend.pipeline import DecisionPipeline
+    from prism_backend.serving.pipeline import DecisionPipeline
 
     return DecisionPipeline(fp32_config, REGISTRY)
 
 
 @pytest.fixture(scope="session")
 def int8_pipeline(fp32_config):
-    from prism_backend.pipeline import DecisionPipeline
+    from prism_backend.serving.pipeline import DecisionPipeline
 
     return DecisionPipeline(fp32_config.replace(precision="int8"), REGISTRY)
 
 
 @pytest.fixture(scope="session")
 def hf_reference(model_dir):
-    from prism_backend.reference import HFReference
+    from prism_backend.model.reference import HFReference
 
     return HFReference(model_dir)
 

@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from prism_backend.determinism import (CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests,
-                                      thread_count_check)
-from prism_backend.quant import Int8Linear
+from prism_backend.config import ComputeSettings
+from prism_backend.model.quant import Int8Linear
+from prism_backend.serving.determinism import (CHECK_REQUESTS, batchings, digest, engine_self_check,
+                                               synthetic_requests, thread_count_check)
 
 from conftest import SAMPLE_TICKET
 
@@ -71,7 +72,7 @@ def test_int8_linear_rows_are_batch_invariant_and_close(passes, weight_passes, b
     torch.manual_seed(1)
     w, bias = torch.randn(96, 64), torch.randn(96)
     x = torch.randn(33, 64) * torch.linspace(0.1, 8, 64)  # outlier channels
-    lin = Int8Linear(w, bias, passes, weight_passes=weight_passes)
+    lin = Int8Linear(w, bias, ComputeSettings("int8", passes, weight_passes))
     assert (lin.w_res is not None) == (weight_passes == 2)
     full = lin(x)
     for i in (0, 17, 32):
@@ -92,7 +93,7 @@ def test_int8_close_to_fp32_on_the_sample_ticket(int8_pipeline, pipeline):
 def test_int8_bits_do_not_depend_on_thread_count(fp32_config):
     """Instances get cpu_count / N threads each: the bits must not depend on it (smoothing is
     calibrated on one thread; the int8 forward is thread-count invariant)."""
-    from prism_backend.engine import DecisionEngine
+    from prism_backend.engine.engine import DecisionEngine
 
     bits, original = [], torch.get_num_threads()
     for threads in (1, 2):
@@ -127,7 +128,7 @@ def test_thread_count_check_compares_configured_with_one_thread():
 def test_both_cpu_int8_routes_are_exact(k):
     """torch._int_mm and the chunked fp32 GEMM (int_matmul.py) give the int64 matmul's values, also
     at the extreme where every product is +-127 * 127 and one chunk's sum reaches 1040 * 16129."""
-    from prism_backend.int_matmul import ExactWeight
+    from prism_backend.model.int_matmul import ExactWeight
 
     torch.manual_seed(k)
     x = torch.randint(-127, 128, (37, k), dtype=torch.int8)

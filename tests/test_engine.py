@@ -5,14 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from prism_backend.config import EngineConfig
-from prism_backend.engine import DecisionEngine
-from prism_backend.errors import RequestError
-from prism_backend.forest import build_forest
-from prism_backend.loader import CheckpointError, load_model
-from prism_backend.pipeline import DecisionPipeline
-from prism_backend.prompt import EncodedRequest
-from prism_backend.reference import HFReference
+from prism_backend.config import ConfigError, EngineConfig
+from prism_backend.engine.engine import DecisionEngine
+from prism_backend.errors import RequestError, run_valid
+from prism_backend.forest import EncodedRequest, build_forest
+from prism_backend.model.loader import CheckpointError, load_model
+from prism_backend.model.reference import HFReference
+from prism_backend.serving.pipeline import DecisionPipeline
 
 from conftest import REGISTRY, SAMPLE_TICKET, TINY_ARCHS
 
@@ -114,6 +113,20 @@ def test_invalid_token_ids_fail_only_their_request(pipeline):
     assert isinstance(results[0], RequestError) and "outside the vocabulary" in str(results[0])
     assert isinstance(results[2], RequestError) and "candidates" in str(results[2])
     assert results[1][0].probabilities.shape == (4,)
+
+
+def test_run_valid_scores_the_rest_and_keeps_errors_in_place():
+    bad = RequestError("bad")
+    merged, extra = run_valid([1, bad, 3], lambda items: ([i * 10 for i in items], len(items)))
+    assert merged == [10, bad, 30] and extra == 2
+
+
+def test_engines_share_weights_only_when_built_alike(pipeline):
+    engine = pipeline.engine  # fp32, no prefix cache
+    cached = DecisionEngine(engine.config.replace(prefix_cache_bytes=1 << 20), share_weights_with=engine)
+    assert cached.model is engine.model and cached.cache is not None and engine.cache is None
+    with pytest.raises(ConfigError, match=r"different \['precision'\]"):
+        DecisionEngine(engine.config.replace(precision="int8"), share_weights_with=engine)
 
 
 def test_loader_names_missing_tensor_and_bad_architecture(tiny_model_dir, tmp_path):

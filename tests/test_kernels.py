@@ -10,10 +10,9 @@ from conftest import REGISTRY
 
 from kernels.int8_gemm import int8_gemm, int8_gemm_reference
 from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
-from prism_backend.attention import ForestAttention, answer_attention
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.forest import build_forest
-from prism_backend.prompt import EncodedRequest
+from prism_backend.forest import EncodedRequest, build_forest
+from prism_backend.model.attention import ForestAttention, answer_attention
 
 
 def _int8(shape, gen):
@@ -191,7 +190,7 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
     the torch path; kernels='torch' never calls them."""
     import kernels.int8_gemm
     import kernels.tree_attention
-    from prism_backend.pipeline import DecisionPipeline
+    from prism_backend.serving.pipeline import DecisionPipeline
 
     calls = {"gemm": 0, "attention": 0}
     gemm, attention = kernels.int8_gemm.int8_gemm, kernels.tree_attention.tree_attention

@@ -1,7 +1,6 @@
 """Prefix KV cache and chunked prefill: bit-identical to recomputing, bounded memory, thread-safe."""
 from __future__ import annotations
 
-import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -9,24 +8,18 @@ import pytest
 import torch
 
 from prism_backend.prefix_cache import CacheEntry, PrefixCache, block_key
+from prism_backend.serving.pipeline import DecisionPipeline
 
-from conftest import SAMPLE_TICKET
+from conftest import REGISTRY, SAMPLE_TICKET
 
 QUESTIONS = ["team", "severity", "reply_time"]
 
 
-@contextlib.contextmanager
-def settings(pipeline, cache_bytes: int = 0, chunk: int = 0):
-    """The session int8 pipeline (same weights) with a fresh cache and chunk size."""
-    engine = pipeline.engine
-    saved = engine.config, engine.runner.config, engine.cache
-    engine.config = engine.runner.config = engine.config.replace(prefix_cache_bytes=cache_bytes,
-                                                                 prefill_chunk_tokens=chunk)
-    engine.cache = PrefixCache(cache_bytes) if cache_bytes else None
-    try:
-        yield engine
-    finally:
-        engine.config, engine.runner.config, engine.cache = saved
+def settings(pipeline, cache_bytes: int = 0, chunk: int = 0) -> DecisionPipeline:
+    """A pipeline with the weights of `pipeline` (the session's int8 one: no second load), a fresh
+    cache of `cache_bytes` (0: none) and chunks of `chunk` rows (0: no limit)."""
+    config = pipeline.engine.config.replace(prefix_cache_bytes=cache_bytes, prefill_chunk_tokens=chunk)
+    return DecisionPipeline(config, REGISTRY, share_weights_with=pipeline)
 
 
 def bits(results) -> list[bytes]:
@@ -39,12 +32,11 @@ def ticket(i: int, words: int = 120) -> str:
 
 def test_cached_kv_gives_the_same_bits_and_a_smaller_forest(int8_pipeline):
     batch = [{"material": SAMPLE_TICKET, "tasks": QUESTIONS}, {"material": ticket(1), "tasks": ["team"]}]
-    with settings(int8_pipeline) as engine:
-        plain, plain_stats = int8_pipeline.decide_many(batch)
-    with settings(int8_pipeline, cache_bytes=1 << 30) as engine:
-        first, first_stats = int8_pipeline.decide_many(batch)
-        again, again_stats = int8_pipeline.decide_many(batch)
-        assert len(engine.cache) > 0 and engine.cache.bytes_held > 0
+    plain, plain_stats = settings(int8_pipeline).decide_many(batch)
+    cached = settings(int8_pipeline, cache_bytes=1 << 30)
+    first, first_stats = cached.decide_many(batch)
+    again, again_stats = cached.decide_many(batch)
+    assert len(cached.engine.cache) > 0 and cached.engine.cache.bytes_held > 0
     assert bits(plain) == bits(first) == bits(again)
     assert first_stats.tokens_cached == 0 and first_stats.tokens_computed == plain_stats.tokens_computed
     # the second time only the questions are computed: every root and trunk block came from the cache
@@ -53,21 +45,18 @@ def test_cached_kv_gives_the_same_bits_and_a_smaller_forest(int8_pipeline):
 
 
 def test_new_question_about_a_seen_ticket_reuses_its_blocks(int8_pipeline):
-    with settings(int8_pipeline) as engine:
-        plain, _ = int8_pipeline.decide_many([{"material": SAMPLE_TICKET, "tasks": ["severity@1"]}])
-    with settings(int8_pipeline, cache_bytes=1 << 30) as engine:
-        int8_pipeline.decide_many([{"material": SAMPLE_TICKET, "tasks": ["team"]}])
-        hit, stats = int8_pipeline.decide_many([{"material": SAMPLE_TICKET, "tasks": ["severity@1"]}])
-        assert stats.tokens_cached > 0 and engine.cache.stats.hit_rate > 0
+    plain, _ = settings(int8_pipeline).decide_many([{"material": SAMPLE_TICKET, "tasks": ["severity@1"]}])
+    cached = settings(int8_pipeline, cache_bytes=1 << 30)
+    cached.decide_many([{"material": SAMPLE_TICKET, "tasks": ["team"]}])
+    hit, stats = cached.decide_many([{"material": SAMPLE_TICKET, "tasks": ["severity@1"]}])
+    assert stats.tokens_cached > 0 and cached.engine.cache.stats.hit_rate > 0
     assert bits(hit) == bits(plain)
 
 
 def test_chunked_prefill_is_bit_identical_and_bounded(int8_pipeline):
     batch = [{"material": ticket(i, words=300), "tasks": QUESTIONS[: 1 + i % 3]} for i in range(3)]
-    with settings(int8_pipeline):
-        whole, whole_stats = int8_pipeline.decide_many(batch)
-    with settings(int8_pipeline, chunk=128):
-        chunked, chunked_stats = int8_pipeline.decide_many(batch)
+    whole, whole_stats = settings(int8_pipeline).decide_many(batch)
+    chunked, chunked_stats = settings(int8_pipeline, chunk=128).decide_many(batch)
     assert bits(chunked) == bits(whole)
     assert whole_stats.chunks == 1 and chunked_stats.chunks > 5
     assert chunked_stats.max_chunk_rows <= 128 < whole_stats.max_chunk_rows
@@ -78,30 +67,31 @@ def test_eviction_keeps_the_cache_under_its_budget(int8_pipeline):
     token_bytes = spec.num_layers * 2 * spec.kv_dim * 4  # K and V, float32
     budget = 768 * token_bytes  # the K/V of 768 tokens; each ticket is ~420 tokens, ~390 of them its own
     stream = [{"material": ticket(100 + i), "tasks": ["team"]} for i in range(6)]
-    with settings(int8_pipeline) as engine:
-        plain = [int8_pipeline.decide_many([r])[0] for r in stream]
-    with settings(int8_pipeline, cache_bytes=budget) as engine:
-        cached = []
-        for r in stream:
-            cached.append(int8_pipeline.decide_many([r])[0])
-            assert engine.cache.bytes_held <= budget
-        assert engine.cache.stats.evictions > 0 and engine.cache.stats.insertions > len(engine.cache)
-        # the most recent ticket is still (partly) cached; an early one was evicted
-        _, recent = int8_pipeline.decide_many([stream[-1]])
-        _, early = int8_pipeline.decide_many([stream[0]])
-        assert recent.tokens_cached > 0 and early.tokens_cached < recent.tokens_cached
+    uncached = settings(int8_pipeline)
+    plain = [uncached.decide_many([r])[0] for r in stream]
+    pipeline = settings(int8_pipeline, cache_bytes=budget)
+    cache = pipeline.engine.cache
+    cached = []
+    for r in stream:
+        cached.append(pipeline.decide_many([r])[0])
+        assert cache.bytes_held <= budget
+    assert cache.stats.evictions > 0 and cache.stats.insertions > len(cache)
+    # the most recent ticket is still (partly) cached; an early one was evicted
+    _, recent = pipeline.decide_many([stream[-1]])
+    _, early = pipeline.decide_many([stream[0]])
+    assert recent.tokens_cached > 0 and early.tokens_cached < recent.tokens_cached
     assert [bits(p) for p in plain] == [bits(c) for c in cached]
 
 
 def test_concurrent_batches_read_and_insert_the_same_prefix(int8_pipeline):
     requests = [{"material": ticket(200), "tasks": [q]} for q in QUESTIONS] * 2
-    with settings(int8_pipeline):
-        expected = [bits(int8_pipeline.decide_many([r])[0]) for r in requests]
-    with settings(int8_pipeline, cache_bytes=1 << 30) as engine:
-        with ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(lambda r: bits(int8_pipeline.decide_many([r])[0]), requests))
-        held = sum(e.nbytes for e in engine.cache._entries.values())
-        assert engine.cache.bytes_held == held  # no block counted twice
+    uncached = settings(int8_pipeline)
+    expected = [bits(uncached.decide_many([r])[0]) for r in requests]
+    pipeline = settings(int8_pipeline, cache_bytes=1 << 30)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda r: bits(pipeline.decide_many([r])[0]), requests))
+    held = sum(e.nbytes for e in pipeline.engine.cache._entries.values())
+    assert pipeline.engine.cache.bytes_held == held  # no block counted twice
     assert got == expected
 
 
@@ -110,22 +100,17 @@ def test_material_up_to_the_full_context(tiny_model_dir):
     of 512 rows: valid probabilities, bit-identical to one unchunked pass. (The embedded model's
     8,192-token context works the same way; it takes ~40 s per pass on 2 cores, too slow for CI.)"""
     from prism_backend.config import EngineConfig
-    from prism_backend.pipeline import DecisionPipeline
-
-    from conftest import REGISTRY
 
     config = EngineConfig(model_dir=tiny_model_dir("qwen3"), precision="int8", prefix_cache_bytes=0)
     pipeline = DecisionPipeline(config, REGISTRY)
     assert pipeline.engine.spec.max_context == 2048
     request = [{"material": " ".join(["the cat sat on the mat"] * 315), "tasks": ["team"]}]  # 6 tokens each
-    with settings(pipeline, chunk=512):
-        (chunked,), stats = pipeline.decide_many(request)
+    (chunked,), stats = settings(pipeline, chunk=512).decide_many(request)
     assert not isinstance(chunked, Exception), chunked
     assert stats.tokens_computed > 1900 and stats.max_chunk_rows <= 512 and stats.chunks >= 4
     p = np.array(list(chunked[0]["probabilities"].values()))
     assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-5
-    with settings(pipeline):
-        (whole,), _ = pipeline.decide_many(request)
+    (whole,), _ = settings(pipeline).decide_many(request)
     assert bits([whole]) == bits([chunked])
     too_long = [{"material": " ".join(["the cat sat on the mat"] * 345), "tasks": ["team"]}]
     (error,), _ = pipeline.decide_many(too_long)

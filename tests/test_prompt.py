@@ -2,7 +2,7 @@
 import pytest
 
 from prism_backend.errors import RequestError
-from prism_backend.tasks import Task
+from prism_backend.text.tasks import Task
 
 from conftest import SAMPLE_TICKET
 

@@ -7,12 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from prism_backend.determinism import CHECK_REQUESTS, digest
-from prism_backend.pipeline import DecisionPipeline
+from prism_backend.reproducibility import torch_threads
+from prism_backend.serving.determinism import CHECK_REQUESTS, digest
+from prism_backend.serving.pipeline import DecisionPipeline
 from prism_client.client import PrismClient
 from prism_client.server import ServerOptions, TritonServer
-
-from prism_backend.reproducibility import torch_threads
 
 from conftest import REGISTRY, REPO_ROOT, free_port
 from test_server import metric, scrape

@@ -3,11 +3,11 @@ q/k/v biases, q/k norms), and the calibration is reproducible."""
 import pytest
 import torch
 
-from prism_backend.calibration import calibration_requests
 from prism_backend.forest import build_forest
-from prism_backend.loader import load_model
-from prism_backend.model import ForestTransformer
-from prism_backend.smoothing import apply_smoothing, calibrate
+from prism_backend.model.loader import load_model
+from prism_backend.model.smoothing import apply_smoothing, calibrate
+from prism_backend.model.transformer import ForestTransformer
+from prism_backend.text.calibration import calibration_requests
 
 from conftest import TINY_ARCHS
 
@@ -18,10 +18,10 @@ def hidden_before_and_after(model_dir, alpha=0.5):
     requests = calibration_requests(AutoTokenizer.from_pretrained(model_dir))
     forest = build_forest(requests[:3])
     spec, weights = load_model(model_dir)
-    before = ForestTransformer(spec, weights, "fp32").answer_hidden(forest)
-    stats = calibrate(ForestTransformer(spec, weights, "fp32"), [build_forest([r]) for r in requests])
+    before = ForestTransformer(spec, weights).answer_hidden(forest)
+    stats = calibrate(ForestTransformer(spec, weights), [build_forest([r]) for r in requests])
     apply_smoothing(spec, weights, stats, alpha)
-    after = ForestTransformer(spec, weights, "fp32").answer_hidden(forest)
+    after = ForestTransformer(spec, weights).answer_hidden(forest)
     return before, after, stats
 
 
@@ -39,8 +39,8 @@ def test_smoothing_preserves_fp32_function_embedded(model_dir):
 
 def test_smoothed_int8_engine_is_reproducible(fp32_config):
     """Two engines built from the same checkpoint give the same bits (calibration is fixed)."""
-    from prism_backend.engine import DecisionEngine
-    from prism_backend.determinism import synthetic_requests
+    from prism_backend.engine.engine import DecisionEngine
+    from prism_backend.serving.determinism import synthetic_requests
 
     config = fp32_config.replace(precision="int8", smooth_alpha=0.5)
     a, b = DecisionEngine(config), DecisionEngine(config)

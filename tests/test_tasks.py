@@ -4,7 +4,7 @@ import json
 import pytest
 
 from prism_backend.errors import RequestError
-from prism_backend.tasks import TaskRegistry
+from prism_backend.text.tasks import TaskRegistry
 
 from conftest import REGISTRY
 

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from prism_backend.attention import _sdpa
-from prism_backend.layers import RotaryTable, apply_rotary, rms_norm, swiglu
-from prism_backend.quant import Int8Linear
+from prism_backend.config import ComputeSettings
+from prism_backend.model.attention import _sdpa
+from prism_backend.model.layers import RotaryTable, apply_rotary, rms_norm, swiglu
+from prism_backend.model.quant import Int8Linear
+from prism_backend.model.scoring import score_answer
 from prism_backend.reproducibility import strict_blas_active, torch_threads
-from prism_backend.scoring import score_answer
 
 from conftest import SAMPLE_TICKET
 
@@ -69,7 +70,7 @@ def test_rotary():
 @pytest.mark.parametrize("rows", [1, 5, 760])
 def test_int8_linear(act_passes, weight_passes, rows):
     torch.manual_seed(rows)
-    lin = Int8Linear(torch.randn(1537, 577), torch.randn(1537), act_passes, weight_passes=weight_passes)
+    lin = Int8Linear(torch.randn(1537, 577), torch.randn(1537), ComputeSettings("int8", act_passes, weight_passes))
     x = torch.randn(rows, 577) * torch.linspace(0.1, 9, 577)
     assert len(bits_per_thread_count(lambda: lin(x))) == 1
 
@@ -86,8 +87,8 @@ def test_engine_bits_with_1_to_4_threads(fp32_config):
     with three questions (long key ranges, answer rows after 700 keys), a one-line ticket (short
     ones), and a new question about the first ticket (a cache hit). Recomputed without the cache
     and served from it, at every thread count: one set of bytes."""
-    from prism_backend.engine import DecisionEngine
-    from prism_backend.frontend import Frontend
+    from prism_backend.engine.engine import DecisionEngine
+    from prism_backend.text.frontend import Frontend
 
     from conftest import REGISTRY
 

@@ -10,8 +10,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.engine import EngineUnavailable
-from prism_backend.pipeline import DecisionPipeline
+from prism_backend.errors import EngineUnavailable
+from prism_backend.serving.pipeline import DecisionPipeline
 from prism_client.client import PrismClient, PrismError
 from prism_client.server import ServerOptions, TritonServer
 
@@ -28,7 +28,7 @@ def bits(results) -> list[bytes]:
 
 def tp_workers() -> list[int]:
     """Live tensor-parallel worker processes on this machine."""
-    return processes_with(b"prism_backend.tp_worker")
+    return processes_with(b"prism_backend.engine.tp_worker")
 
 
 def test_tp2_is_bit_identical_to_tp1_for_the_embedded_model(int8_pipeline):

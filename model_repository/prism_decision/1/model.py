@@ -3,16 +3,13 @@
 The engine lives in prism_backend (DecisionStep -> DecisionEngine); this file only moves tensors
 and reports metrics.
 """
-import json
 import time
-from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from prism_backend.engine import EngineUnavailable
-from prism_backend.errors import RequestError
-from prism_backend.metrics import EngineMetrics
-from prism_backend.serving import TOKEN_TENSORS, DecisionStep, model_parameters, numpy_inputs
+from prism_backend.errors import EngineUnavailable, RequestError
+from prism_backend.serving.metrics import EngineMetrics
+from prism_backend.serving.steps import TOKEN_TENSORS, DecisionStep, numpy_inputs, triton_engine_config
 
 
 def make_family(name, description, kind):
@@ -21,8 +18,7 @@ def make_family(name, description, kind):
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.step = DecisionStep(model_parameters(config), Path(args["model_repository"]))
+        self.step = DecisionStep(triton_engine_config(args))
         self.metrics = EngineMetrics(make_family, {"model": args["model_name"], "instance": args["model_instance_name"]})
         self.metrics.set_self_check(self.step.self_check_ok)
         if self.step.self_check_ok:

@@ -1,7 +1,7 @@
 """Triton adapter for post-processing: probabilities + task metadata -> `decisions` JSON."""
 import triton_python_backend_utils as pb_utils
 
-from prism_backend.serving import TOKEN_TENSORS, numpy_inputs, postprocess
+from prism_backend.serving.steps import TOKEN_TENSORS, numpy_inputs, postprocess
 
 INPUTS = ("task_info", "probabilities", "scoring_paths", "return_prompt_ids", *TOKEN_TENSORS)
 

@@ -1,20 +1,17 @@
-"""Triton adapter for the tokenizer step; the logic lives in prism_backend.serving.TokenizerStep."""
-import json
+"""Triton adapter for the tokenizer step; the logic lives in prism_backend.serving.steps.TokenizerStep."""
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import RequestError
-from prism_backend.serving import TokenizerStep, model_parameters, numpy_inputs
+from prism_backend.paths import REGISTRY_FILE
+from prism_backend.serving.steps import TokenizerStep, numpy_inputs, triton_engine_config
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        model_dir = Path(args["model_repository"])
-        self.step = TokenizerStep(
-            model_parameters(config), model_dir, model_dir / args["model_version"] / "tasks.json"
-        )
+        registry = Path(args["model_repository"]) / args["model_version"] / REGISTRY_FILE
+        self.step = TokenizerStep(triton_engine_config(args), registry)
 
     def execute(self, requests):
         responses = []

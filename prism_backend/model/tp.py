@@ -1,7 +1,7 @@
 """Tensor parallelism inside one model instance: the head/column split and the process group.
 
 Rank 0 is the engine in the Triton instance; ranks 1..N-1 are worker processes it starts
-(`python -m prism_backend.tp_worker`). All ranks run the same forest forward on their shard:
+(`python -m prism_backend.engine.tp_worker`). All ranks run the same forest forward on their shard:
 
     q/k/v, gate/up   column-parallel: each rank holds whole KV groups (their KV heads and the
                      query heads that read them) and a slice of the MLP columns; no communication
@@ -15,17 +15,13 @@ Everything else (embeddings, norms, residuals) is replicated; only rank 0 scores
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError
+from ..config import ConfigError
 from .loader import ModelSpec
 
 
@@ -112,17 +108,3 @@ class TPGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def free_tcp_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def python_executable() -> str:
-    """The interpreter for worker processes. Inside Triton's Python backend sys.executable is the
-    stub, not Python: the launcher exports PRISM_PYTHON; elsewhere the running interpreter."""
-    for candidate in (os.environ.get("PRISM_PYTHON"), sys.executable, shutil.which("python3")):
-        if candidate and "python" in os.path.basename(candidate):
-            return candidate
-    raise ConfigError("cannot find a Python interpreter for tensor-parallel workers; set PRISM_PYTHON")

@@ -27,6 +27,8 @@ from kernels.int8_gemm import dequantize
 
 from .int_matmul import ExactWeight
 
+from ..config import ComputeSettings
+
 QMAX = 127.0
 
 
@@ -53,19 +55,15 @@ def use_triton(kernels: str, x: torch.Tensor) -> bool:
 
 
 class Int8Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, act_passes: int = 1,
-                 kernels: str = "auto", group=None, weight_passes: int = 1):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
         """weight: (out, in) float32 -> int8 (in, out) as `_int_mm` takes it, scales (out,); with
         weight_passes 2 also the residual's int8 (in, out) `w_res` and scales (out,) `w_res_scale`.
 
-        group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel). The
-        row maxima of weights, weight residuals and activations are then all-reduced with MAX and
+        settings.group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel).
+        The row maxima of weights, weight residuals and activations are then all-reduced with MAX and
         the int32 partial products with SUM, all exact, so the output bits equal the unsplit layer's."""
-        if act_passes < 1:
-            raise ValueError(f"act_passes must be >= 1, got {act_passes}")
-        if weight_passes not in (1, 2):
-            raise ValueError(f"weight_passes must be 1 or 2, got {weight_passes}")
-        self.group = group
+        weight_passes = settings.weight_passes
+        self.group = settings.group
         self.w_scale, w_q = self._quantize_weight(weight)  # (out,), (out, in)
         self.w_q = ExactWeight(w_q.to(torch.int8).t().contiguous())  # (in, out)
         self.w_res = self.w_res_scale = None
@@ -75,8 +73,8 @@ class Int8Linear:
             self.w_res_scale, r_q = self._quantize_weight(residual)
             self.w_res = ExactWeight(r_q.to(torch.int8).t().contiguous())  # (in, out)
         self.bias = bias
-        self.act_passes = act_passes
-        self.kernels = kernels
+        self.act_passes = settings.act_passes
+        self.kernels = settings.kernels
 
     def _quantize_weight(self, weight: torch.Tensor):
         """(out, in) float32 -> per-output-channel scales (out,) and rounded values in [-127, 127]."""
@@ -122,10 +120,8 @@ class Int8Linear:
         return dequantize(acc, x_scale, self.w_scale, self.bias, self.act_passes, acc_res, self.w_res_scale)
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, act_passes: int = 1,
-                kernels: str = "auto", group=None, weight_passes: int = 1):
-    if precision == "fp32":
-        return Fp32Linear(weight, bias, group)
-    if precision == "int8":
-        return Int8Linear(weight, bias, act_passes, kernels, group, weight_passes)
-    raise ValueError(f"unknown precision {precision!r}")
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
+    """The linear map of `weight` (out, in) in settings.precision (checked in config.py)."""
+    if settings.precision == "int8":
+        return Int8Linear(weight, bias, settings)
+    return Fp32Linear(weight, bias, settings.group)

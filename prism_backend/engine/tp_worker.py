@@ -1,6 +1,6 @@
 """Tensor-parallel worker processes: started by rank 0 (TPWorkers), they run rank r's shard.
 
-    python -m prism_backend.tp_worker RANK WORLD INIT_METHOD CONFIG_JSON
+    python -m prism_backend.engine.tp_worker RANK WORLD INIT_METHOD CONFIG_JSON
 
 A worker builds its shard (runner.build_model), then loops: receive rank 0's batch of encoded
 requests, run the same forest (its half of every layer), repeat; `None` means stop. A worker
@@ -10,21 +10,18 @@ error, never a hang) until the model is reloaded.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from .config import EngineConfig
-from .tp import TPGroup, free_tcp_address, python_executable
-
-STARTUP_TIMEOUT_S = 600
-
+from ..config import EngineConfig
+from ..errors import EngineUnavailable
+from ..model.tp import TPGroup
+from ..processes import die_with_parent, free_port, python_executable
 
 def _config_json(config: EngineConfig) -> str:
     return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(config).items()})
@@ -34,20 +31,17 @@ class TPWorkers:
     """Rank 0's side: start ranks 1..N-1, form the group, watch the processes, stop them."""
 
     def __init__(self, config: EngineConfig):
-        from .engine import EngineUnavailable
-
-        self._unavailable = EngineUnavailable
         self.failure: str | None = None
-        init = free_tcp_address()
+        init = f"tcp://127.0.0.1:{free_port()}"
         env = dict(os.environ)
         self.procs = [
-            subprocess.Popen([python_executable(), "-m", "prism_backend.tp_worker", str(rank), str(config.tp_size),
+            subprocess.Popen([python_executable(), "-m", "prism_backend.engine.tp_worker", str(rank), str(config.tp_size),
                               init, _config_json(config)], env=env)
             for rank in range(1, config.tp_size)
         ]
         self._stopping = False
         try:
-            self.group = TPGroup(0, config.tp_size, init, timeout_s=STARTUP_TIMEOUT_S)
+            self.group = TPGroup(0, config.tp_size, init, timeout_s=config.tp_startup_timeout_s)
         except BaseException:
             self._kill()
             raise
@@ -68,7 +62,7 @@ class TPWorkers:
 
     def broadcast(self, batch) -> None:
         if self.failure is not None:
-            raise self._unavailable(self.failure)
+            raise EngineUnavailable(self.failure)
         self.group.broadcast(batch)
 
     def stop(self) -> None:
@@ -94,28 +88,22 @@ class TPWorkers:
             proc.wait()
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(argv: list[str]) -> int:
     rank, world, init, config_json = int(argv[0]), int(argv[1]), argv[2], argv[3]
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
     fields = json.loads(config_json)
     config = EngineConfig(**{**fields, "model_dir": Path(fields["model_dir"])})
     import torch
 
-    from .reproducibility import torch_threads
+    from ..reproducibility import torch_threads
     from .runner import ForestRunner, build_model
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    group = TPGroup(rank, world, init, timeout_s=STARTUP_TIMEOUT_S)
+    group = TPGroup(rank, world, init, timeout_s=config.tp_startup_timeout_s)
     try:
         spec, model, _ = build_model(config, group)
         runner = ForestRunner(config, spec, model)

@@ -8,6 +8,8 @@ import json
 
 import numpy as np
 
+from ..forest import EncodedRequest
+
 _INLINE = json.dumps({"question": "Does the customer mention money?", "options": ["Yes", "No", "Unclear"]})
 
 # A fixed set: shared tickets, unrelated tickets, registered and inline tasks.
@@ -72,8 +74,6 @@ def thread_count_check(score_at, requests: list, configured: int) -> tuple[bool,
 def synthetic_requests(vocab_size: int, seed: int = 0) -> list:
     """Token-id requests for the decision step's startup self-check (it has no tokenizer):
     a shared root, two trunks, one shared by two requests, branches of varied lengths."""
-    from .prompt import EncodedRequest
-
     rng = np.random.RandomState(seed)
 
     def ids(n):

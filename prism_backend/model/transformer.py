@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from ..config import ComputeSettings
+from ..forest import Forest
 from .attention import ForestAttention
-from .forest import Forest
 from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
 from .loader import LayerWeights, ModelSpec, ModelWeights
 from .quant import make_linear
@@ -24,11 +25,11 @@ class Projections:
     only) apart from k/v (all rows), so it holds the row blocks `q` and `kv` instead of `qkv`;
     quantised per output channel, they give the same bits as slicing qkv's output would."""
 
-    def __init__(self, lw: LayerWeights, spec: ModelSpec, precision: str, act_passes: int, last: bool,
-                 kernels: str, group=None, weight_passes: int = 1):
+    def __init__(self, lw: LayerWeights, spec: ModelSpec, settings: ComputeSettings, last: bool):
+        unsplit = settings.with_group(None)  # column-parallel maps need no collective
+
         def make(weight, bias=None, row_parallel=False):
-            return make_linear(weight, bias, precision, act_passes, kernels, group if row_parallel else None,
-                               weight_passes)
+            return make_linear(weight, bias, settings if row_parallel else unsplit)
 
         self.qkv = self.q = self.kv = None
         if last:
@@ -43,18 +44,16 @@ class Projections:
 
 
 class ForestTransformer:
-    def __init__(self, spec: ModelSpec, weights: ModelWeights, precision: str = "fp32", act_passes: int = 1,
-                 kernels: str = "auto", group=None, weight_passes: int = 1):
-        """spec: the shapes this rank computes (tp.local_spec); group: its tp.TPGroup or None;
-        act_passes / weight_passes: the int8 quantisation passes (quant.Int8Linear)."""
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, settings: ComputeSettings = ComputeSettings()):
+        """spec: the shapes this rank computes (tp.local_spec); settings: precision, int8 passes,
+        kernels and this rank's TP group (None unsplit); the default is the plain fp32 model."""
         self.spec = spec
         self.w = weights
-        self.kernels = kernels
+        self.kernels = settings.kernels
         last = len(weights.layers) - 1
-        self.proj = [Projections(lw, spec, precision, act_passes, i == last, kernels, group, weight_passes)
-                     for i, lw in enumerate(weights.layers)]
+        self.proj = [Projections(lw, spec, settings, i == last) for i, lw in enumerate(weights.layers)]
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
-        if precision != "fp32":  # the projections hold their own quantised copies
+        if settings.precision != "fp32":  # the projections hold their own quantised copies
             for lw in weights.layers:
                 lw.wqkv = lw.bqkv = lw.wo = lw.w_gate_up = lw.w_down = None
 

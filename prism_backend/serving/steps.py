@@ -1,8 +1,9 @@
 """The three pipeline steps as plain numpy-in, numpy-out objects.
 
-The Triton `model.py` files only move tensors between `pb_utils` and these classes, so every
-line of request handling here is testable without a server. Tensor layout between the steps
-(a leading 1 is the batch dimension of prism_decision):
+The Triton `model.py` files only move tensors between `pb_utils` and these classes, and the
+in-process `DecisionPipeline` (pipeline.py) chains the very same objects, so every line of request
+handling here runs, and is tested, without a server. Tensor layout between the steps (a leading 1
+is the batch dimension of prism_decision):
 
     root_ids, trunk_ids      (1, L) int32
     branch_ids               (1, sum of branch lengths) int32, branches concatenated in task order
@@ -21,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import EngineConfig
-from .decisions import build_decision, task_info
+from ..config import EngineConfig
+from ..engine.engine import DecisionEngine
+from ..errors import RequestError, or_error, run_valid
+from ..forest import EncodedRequest
+from ..reproducibility import blas_mode_problem
+from ..text.decisions import build_decision, task_info
+from ..text.frontend import Frontend
 from .determinism import engine_self_check, synthetic_requests, thread_count_check
-from .engine import DecisionEngine
-from .errors import RequestError
-from .frontend import Frontend
-from .prompt import EncodedRequest
-from .reproducibility import blas_mode_problem
 
 TOKEN_TENSORS = ("root_ids", "trunk_ids", "branch_ids", "branch_lengths", "candidate_ids", "candidate_counts")
 
@@ -46,6 +47,13 @@ def numpy_inputs(get_tensor, request, names) -> dict:
 def model_parameters(model_config: dict) -> dict[str, str]:
     """`parameters` of a parsed config.pbtxt as plain strings."""
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
+def triton_engine_config(args: dict) -> EngineConfig:
+    """The EngineConfig of a Triton model from the `args` of its initialize(): its config.pbtxt
+    parameters, relative paths resolved against the model's own directory."""
+    params = model_parameters(json.loads(args["model_config"]))
+    return EngineConfig.from_parameters(params, base_dir=Path(args["model_repository"]))
 
 
 def _split(flat: np.ndarray, lengths: np.ndarray, what: str) -> list[tuple[int, ...]]:
@@ -101,8 +109,7 @@ def _single(array, name: str, required: bool = True):
 
 
 class TokenizerStep:
-    def __init__(self, params: dict[str, str], model_base_dir: Path, registry_path: Path):
-        config = EngineConfig.from_parameters(params, base_dir=model_base_dir)
+    def __init__(self, config: EngineConfig, registry_path: Path):
         self.frontend = Frontend(config, registry_path)
 
     def run(self, material, tasks, system) -> dict[str, np.ndarray]:
@@ -118,15 +125,20 @@ class TokenizerStep:
 
 
 class DecisionStep:
-    def __init__(self, params: dict[str, str], model_base_dir: Path):
-        self.config = EngineConfig.from_parameters(params, base_dir=model_base_dir)
-        self.engine = DecisionEngine(self.config)
+    def __init__(self, config: EngineConfig, self_check: bool = True,
+                 share_weights_with: DecisionEngine | None = None):
+        """self_check: the served model's determinism self-check at start (`_self_check`;
+        `self_check_ok` is None when skipped). share_weights_with: see DecisionEngine."""
+        self.config = config
+        self.engine = DecisionEngine(self.config, share_weights_with)
+        self.self_check_ok, self.self_check_problems = None, []
         try:
-            self.self_check_problems = self._self_check()
+            if self_check:
+                self.self_check_problems = self._self_check()
+                self.self_check_ok = not self.self_check_problems
         except BaseException:
             self.engine.close()
             raise
-        self.self_check_ok = not self.self_check_problems
 
     def _self_check(self) -> list[str]:
         """What breaks bit-identity on this machine and configuration (empty: nothing): the BLAS
@@ -159,40 +171,36 @@ class DecisionStep:
 
     def run(self, batch: list[dict[str, np.ndarray]]):
         """One dict of token tensors per request -> per request outputs or a RequestError, + stats."""
-        encoded: list[EncodedRequest | RequestError] = []
-        for tensors in batch:
-            try:
-                encoded.append(tensors_to_encoded(tensors))
-            except RequestError as exc:
-                encoded.append(exc)
-        ok = [i for i, e in enumerate(encoded) if not isinstance(e, RequestError)]
-        scored, stats = self.engine.score([encoded[i] for i in ok])
-        results: list = list(encoded)
-        for i, scores in zip(ok, scored):
-            if isinstance(scores, RequestError):
-                results[i] = scores
-                continue
-            results[i] = {
-                "probabilities": np.concatenate([s.probabilities for s in scores]).reshape(1, -1),
-                "scoring_paths": np.array([[s.path.encode() for s in scores]], dtype=np.object_),
-            }
-        return results, stats
+        scored, stats = run_valid([or_error(tensors_to_encoded, t) for t in batch], self.engine.score)
+        return [s if isinstance(s, RequestError) else _decision_outputs(s) for s in scored], stats
 
 
-def postprocess(t: dict[str, np.ndarray]) -> np.ndarray:
-    """Build the `decisions` output, (T,) bytes of JSON."""
+def _decision_outputs(scores) -> dict[str, np.ndarray]:
+    return {
+        "probabilities": np.concatenate([s.probabilities for s in scores]).reshape(1, -1),
+        "scoring_paths": np.array([[s.path.encode() for s in scores]], dtype=np.object_),
+    }
+
+
+def decisions(t: dict[str, np.ndarray]) -> list[dict]:
+    """One request's step outputs (token tensors, task_info, probabilities, scoring_paths, and the
+    optional return_prompt_ids flag) -> its decisions, one dict per task."""
     infos = [json.loads(x) for x in t["task_info"].reshape(-1)]
     probs = t["probabilities"].reshape(-1)
     paths = [p.decode() if isinstance(p, bytes) else str(p) for p in t["scoring_paths"].reshape(-1)]
     counts = t["candidate_counts"].reshape(-1).tolist()
     want_ids = t.get("return_prompt_ids") is not None and bool(t["return_prompt_ids"].reshape(-1)[0])
     enc = tensors_to_encoded(t) if want_ids else None
-    decisions, start = [], 0
+    out, start = [], 0
     for i, (info, path, n) in enumerate(zip(infos, paths, counts)):
-        decision = build_decision(
+        out.append(build_decision(
             info, probs[start : start + n], path,
             enc.prompt_ids(i) if enc else None, list(enc.candidates[i]) if enc else None,
-        )
-        decisions.append(json.dumps(decision).encode())
+        ))
         start += n
-    return np.array(decisions, dtype=np.object_)
+    return out
+
+
+def postprocess(t: dict[str, np.ndarray]) -> np.ndarray:
+    """Build the `decisions` output, (T,) bytes of JSON."""
+    return np.array([json.dumps(d).encode() for d in decisions(t)], dtype=np.object_)

@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import torch
 
-from .config import EngineConfig
-from .forest import Forest, build_forest
-from .loader import ModelSpec, load_hf_config, load_model, spec_from_config
-from .model import ForestTransformer
-from .prefix_cache import CacheEntry, PrefixCache
-from .prompt import EncodedRequest
-from .reproducibility import torch_threads
-from .tp import TPGroup, local_spec, plan_shards, shard_stats
+from ..config import EngineConfig
+from ..forest import EncodedRequest, Forest, build_forest
+from ..model.loader import ModelSpec, load_hf_config, load_model, spec_from_config
+from ..model.tp import TPGroup, local_spec, plan_shards, shard_stats
+from ..model.transformer import ForestTransformer
+from ..prefix_cache import CacheEntry, PrefixCache
+from ..reproducibility import torch_threads
 
 
 def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
     """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts."""
     from transformers import AutoTokenizer
 
-    from .calibration import calibration_requests
-    from .smoothing import calibrate
+    from ..model.smoothing import calibrate
+    from ..text.calibration import calibration_requests
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
     # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
@@ -32,20 +31,19 @@ def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[di
     # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
     # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
     with torch_threads(1):
-        return calibrate(ForestTransformer(spec, weights, "fp32"), forests)
+        return calibrate(ForestTransformer(spec, weights), forests)  # the default: plain fp32
 
 
 def build_model(config: EngineConfig, group: TPGroup | None = None):
     """-> (the checkpoint's full spec, this rank's ForestTransformer, the LM head (V, H))."""
-    from .smoothing import apply_smoothing
+    from ..model.smoothing import apply_smoothing
 
     smooth = config.precision == "int8" and config.smooth_alpha > 0
     if group is None:
         spec, weights = load_model(config.model_dir)
         if smooth:
             apply_smoothing(spec, weights, calibration_stats(config, spec, weights), config.smooth_alpha)
-        return spec, ForestTransformer(spec, weights, config.precision, config.act_passes, config.kernels,
-                                       weight_passes=config.weight_passes), weights.lm_head
+        return spec, ForestTransformer(spec, weights, config.compute), weights.lm_head
 
     spec = spec_from_config(load_hf_config(config.model_dir))
     shard = plan_shards(spec, group.world)[group.rank]
@@ -60,8 +58,7 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     mine = local_spec(spec, shard)
     if smooth:
         apply_smoothing(mine, weights, shard_stats(stats, spec, shard), config.smooth_alpha, group.all_reduce_max)
-    model = ForestTransformer(mine, weights, config.precision, config.act_passes, config.kernels, group,
-                              config.weight_passes)
+    model = ForestTransformer(mine, weights, config.compute.with_group(group))
     return spec, model, weights.lm_head
 
 

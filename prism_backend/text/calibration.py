@@ -1,9 +1,11 @@
-"""Calibration prompts for smoothing (smoothing.py): chat-formatted decision prompts over a few
+"""Calibration prompts for smoothing (model/smoothing.py): chat-formatted decision prompts over a few
 documents of the kinds Prism serves. Fixed text, shipped with the package, distinct from the eval
 sets, so the smoothed weights are reproducible."""
 from __future__ import annotations
 
-from .prompt import EncodedRequest
+from ..forest import EncodedRequest
+from .prompt import render_prompt
+from .tasks import Task
 
 DOCUMENTS = [
     "Subject: Cannot download invoices\n\nHi, since Monday the invoice download button in the billing area "
@@ -19,16 +21,15 @@ DOCUMENTS = [
     "MINUTES - Product council, 14 May. Attendees: R. Iyer, M. Okafor, S. Lindqvist. 1) Q3 roadmap approved. "
     "2) Pricing change postponed to July. Action: M. Okafor to draft the customer announcement.",
 ]
-QUESTION = "Which category fits best?\nA) Billing\nB) Technical problem\nC) Legal\nD) Other"
+SYSTEM = "You are a careful decision assistant."
+TASK = Task("calibration", None, "Which category fits best?", ("Billing", "Technical problem", "Legal", "Other"))
 
 
 def calibration_requests(tokenizer) -> list[EncodedRequest]:
-    """One single-branch request per document (the whole prompt as the branch)."""
+    """One single-branch request per document (the whole prompt, rendered as every decision prompt
+    is, as the branch). Only the forward's activations matter: the candidates are placeholders."""
     requests = []
     for doc in DOCUMENTS:
-        messages = [{"role": "system", "content": "You are a careful decision assistant."},
-                    {"role": "user", "content": f"{doc}\n\n{QUESTION}"}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = tuple(tokenizer(render_prompt(tokenizer, SYSTEM, doc, TASK), add_special_tokens=False)["input_ids"])
         requests.append(EncodedRequest((), (), (ids,), ((0, 1),)))
     return requests

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import EngineConfig
-from .errors import RequestError
-from .forest import ForestStats
-from .prompt import EncodedRequest
-from .reproducibility import torch_threads
+from ..config import ConfigError, EngineConfig
+from ..errors import RequestError, or_error, run_valid
+from ..forest import EncodedRequest, ForestStats
+from ..model.scoring import FULL_VOCABULARY, score_answer
+from ..reproducibility import torch_threads
 from .runner import ForestRunner, build_model
-from .scoring import FULL_VOCABULARY, score_answer
 from .tp_worker import TPWorkers
 
 
@@ -28,25 +27,32 @@ class TaskScore:
     path: str  # "candidates" or "full_vocabulary"
 
 
-class EngineUnavailable(RuntimeError):
-    """The engine cannot score any more (a tensor-parallel worker died); the model must be reloaded."""
+# What the built model depends on: engines equal in these may share one model.
+WEIGHT_FIELDS = ("model_dir", "precision", "act_passes", "weight_passes", "smooth_alpha", "kernels")
 
 
 class DecisionEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, share_weights_with: DecisionEngine | None = None):
+        """share_weights_with: an engine (without TP) whose model this one uses instead of building
+        its own, when the two configs differ only outside WEIGHT_FIELDS (cache, chunking, limits)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.workers: TPWorkers | None = None
-        group = None
-        if config.tp_size > 1:
-            self.workers = TPWorkers(config)
-            group = self.workers.group
-        try:
-            self.spec, model, self.lm_head = build_model(config, group)
-        except BaseException:
-            self.close()
-            raise
+        if share_weights_with is not None:
+            _check_shareable(config, share_weights_with.config)
+            self.spec, model, self.lm_head = share_weights_with.spec, share_weights_with.model, share_weights_with.lm_head
+        else:
+            group = None
+            if config.tp_size > 1:
+                self.workers = TPWorkers(config)
+                group = self.workers.group
+            try:
+                self.spec, model, self.lm_head = build_model(config, group)
+            except BaseException:
+                self.close()
+                raise
+        self.model = model  # this rank's ForestTransformer
         self.runner = ForestRunner(config, self.spec, model)
         # with TP, one forest at a time: every rank's collectives must line up
         self._lock = threading.Lock() if self.workers is not None else contextlib.nullcontext()
@@ -54,10 +60,6 @@ class DecisionEngine:
     @property
     def cache(self):
         return self.runner.cache
-
-    @cache.setter
-    def cache(self, value):
-        self.runner.cache = value
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (if any); idempotent."""
@@ -97,35 +99,43 @@ class DecisionEngine:
             if bad:
                 raise RequestError(f"{name} token id {bad[0]} is outside the vocabulary [0, {vocab})")
 
+    def _validated(self, req: EncodedRequest) -> EncodedRequest:
+        self.validate(req)
+        return req
+
     def score(self, requests: list[EncodedRequest], use_cache: bool = True,
               threads: int = 0) -> tuple[list[list[TaskScore] | RequestError], ForestStats]:
-        """Score each valid request; an invalid one gets its RequestError. use_cache=False computes
-        every block and leaves the prefix cache as it was; threads > 0 runs this forward (on every
-        TP rank) at that thread count instead of the configured one. Both exist for the startup
-        self-check, which must compare recomputed results at two thread counts."""
-        results: list[list[TaskScore] | RequestError | None] = [None] * len(requests)
-        valid = []
-        for i, req in enumerate(requests):
-            try:
-                self.validate(req)
-                valid.append(i)
-            except RequestError as exc:
-                results[i] = exc
-        if not valid:
-            return results, ForestStats(requests=0)
+        """Per request its task scores, or the RequestError that rejected it alone; forest statistics.
+        use_cache=False computes every block and leaves the prefix cache as it was; threads > 0 runs
+        this forward (on every TP rank) at that thread count instead of the configured one. Both
+        exist for the startup self-check, which compares recomputed results at two thread counts."""
+        return run_valid([or_error(self._validated, req) for req in requests],
+                         lambda batch: self._score_valid(batch, use_cache, threads))
 
-        batch = [requests[i] for i in valid]
+    def _score_valid(self, batch: list[EncodedRequest], use_cache: bool,
+                     threads: int) -> tuple[list[list[TaskScore]], ForestStats]:
+        if not batch:
+            return [], ForestStats(requests=0)
         with self._lock, torch_threads(threads):
             if self.workers is not None:
                 self.workers.broadcast((batch, use_cache, threads))  # every rank runs the same forest
             forest, hidden = self.runner.forward(batch, use_cache)  # (A, H)
         stats = forest.stats
+        results = []
         with torch.inference_mode():
-            for i, answers in zip(valid, forest.answers):
+            for req, answers in zip(batch, forest.answers):
                 scores = []
-                for answer, cands in zip(answers, requests[i].candidates):
+                for answer, cands in zip(answers, req.candidates):
                     probs, path = score_answer(hidden[answer], self.lm_head, cands, self.config.max_candidates)
                     stats.fallback_tasks += path == FULL_VOCABULARY
                     scores.append(TaskScore(probs.to(torch.float32).numpy().copy(), path))
-                results[i] = scores
+                results.append(scores)
         return results, stats
+
+
+def _check_shareable(config: EngineConfig, other: EngineConfig) -> None:
+    if config.tp_size > 1 or other.tp_size > 1:
+        raise ConfigError("engines share weights only without tensor parallelism (tp_size 1)")
+    differ = [name for name in WEIGHT_FIELDS if getattr(config, name) != getattr(other, name)]
+    if differ:
+        raise ConfigError(f"cannot share weights built with different {differ}")

@@ -1,16 +1,17 @@
-"""The tokenizer step: raw request fields -> tasks + segment token ids.
+"""Raw request fields -> tasks + segment token ids: the work of the tokenizer step.
 
-Used by the `prism_tokenizer` Triton model, by `DecisionPipeline`, by the tests and benchmarks, so
-the prompt is defined in exactly one place (prompt.py).
+Behind `serving.steps.TokenizerStep`, which the `prism_tokenizer` Triton model and
+`DecisionPipeline` both call, so the prompt is defined in exactly one place (prompt.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .config import EngineConfig
-from .errors import RequestError
-from .loader import load_hf_config, spec_from_config
-from .prompt import EncodedRequest, PromptBuilder
+from ..config import EngineConfig
+from ..errors import RequestError
+from ..forest import EncodedRequest
+from ..model.loader import load_hf_config, spec_from_config
+from .prompt import PromptBuilder
 from .tasks import Task, TaskRegistry
 
 

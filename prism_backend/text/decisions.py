@@ -43,8 +43,3 @@ def build_decision(info: dict, probabilities: np.ndarray, path: str,
         decision["prompt_ids"] = [int(i) for i in prompt_ids]
         decision["candidate_ids"] = [int(i) for i in candidate_ids]
     return decision
-
-
-def probabilities_of(decision: dict) -> np.ndarray:
-    """The float32 probabilities of a parsed decision, in option order."""
-    return np.array(list(decision["probabilities"].values()), dtype=np.float32)

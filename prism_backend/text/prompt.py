@@ -16,23 +16,9 @@ each full prompt, so the invariant holds for any text.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .errors import RequestError
+from ..errors import RequestError
+from ..forest import EncodedRequest
 from .tasks import Task
-
-
-@dataclass(frozen=True)
-class EncodedRequest:
-    """Token ids of one request, ready for the forest."""
-
-    root: tuple[int, ...]
-    trunk: tuple[int, ...]
-    branches: tuple[tuple[int, ...], ...]  # one per task
-    candidates: tuple[tuple[int, ...], ...]  # answer-letter token ids, one tuple per task
-
-    def prompt_ids(self, i: int) -> list[int]:
-        return [*self.root, *self.trunk, *self.branches[i]]
 
 
 def common_prefix_length(a, b) -> int:
@@ -48,6 +34,15 @@ def render_user_content(material: str, task: Task) -> str:
     return f"{material}\n\n{task.question}\n{options}"
 
 
+def render_prompt(tokenizer, system: str, material: str, task: Task) -> str:
+    """The whole prompt of one question, as text, through the model's own chat template."""
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": render_user_content(material, task)},
+    ]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 class PromptBuilder:
     def __init__(self, tokenizer, max_context: int, max_letters: int = 26):
         self.tokenizer = tokenizer
@@ -61,11 +56,7 @@ class PromptBuilder:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def render(self, system: str, material: str, task: Task) -> str:
-        messages = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": render_user_content(material, task)},
-        ]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_prompt(self.tokenizer, system, material, task)
 
     def _letter_token_ids(self, count: int) -> tuple[int, ...]:
         """The token of each answer letter as it follows the generation prompt; must be one token."""

@@ -11,7 +11,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RequestError
+from ..errors import RequestError
 
 LETTERS = string.ascii_uppercase
 
@@ -86,9 +86,6 @@ class TaskRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
-
-    def all_tasks(self) -> list[Task]:
-        return [t for versions in self._by_name.values() for t in versions.values()]
 
     def get(self, name: str, version: int | None = None) -> Task:
         versions = self._by_name.get(name)

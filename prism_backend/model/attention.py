@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .forest import Segment
+from ..forest import Segment
 from .quant import use_triton
 
 
