@@ -1,8 +1,11 @@
 """A small typed client for the `prism` ensemble over Triton's HTTP or gRPC protocol (tritonclient)."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import random
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +34,28 @@ class PrismError(RuntimeError):
         super().__init__(message if status is None else f"[{status}] {message}")
         self.message = message
         self.status = status
+
+
+class PrismOverloaded(PrismError):
+    """Retry later: the server's queue is full or the request waited past its queue timeout, or no
+    replica is up (restarting after a fault). HTTP 503 / gRPC UNAVAILABLE; nothing was decided."""
+
+
+OVERLOADED_STATUSES = ("503", "StatusCode.UNAVAILABLE")
+
+
+def server_error(exc) -> PrismError:
+    """A tritonclient InferenceServerException as PrismOverloaded or PrismError."""
+    status = exc.status()
+    kind = PrismOverloaded if status in OVERLOADED_STATUSES else PrismError
+    return kind(exc.message(), status)
+
+
+def retry_delays(retries: int, backoff_s: float):
+    """Seconds to wait before each retry: exponential backoff with jitter (0.5x-1.5x), so callers
+    turned away together do not all come back at the same instant."""
+    for attempt in range(retries):
+        yield backoff_s * (2 ** attempt) * (0.5 + random.random())
 
 
 @dataclass(frozen=True)
@@ -102,10 +127,15 @@ def parse_decisions(result) -> list[Decision]:
 
 
 class PrismClient:
-    """Blocking client. tritonclient's HTTP client is not thread-safe: use one per thread."""
+    """Blocking client. tritonclient's HTTP client is not thread-safe: use one per thread.
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0):
+    retries: how many times an overloaded answer (PrismOverloaded) is retried, with exponential
+    backoff from backoff_s; 0 (the default) raises it at once and leaves the choice to the caller."""
+
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0,
+                 retries: int = 0, backoff_s: float = 0.5):
         self.protocol, self.timeout = protocol, timeout
+        self.retries, self.backoff_s = retries, backoff_s
         self._tc = _protocol_module(protocol)
         if protocol == "http":
             self._client = self._tc.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
@@ -119,10 +149,14 @@ class PrismClient:
 
         inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
         kwargs = infer_options(self.protocol, self.timeout, material, system, urgent)
-        try:
-            return parse_decisions(self._client.infer(MODEL_NAME, inputs, **kwargs))
-        except InferenceServerException as exc:
-            raise PrismError(exc.message(), exc.status()) from None
+        for delay in [*retry_delays(self.retries, self.backoff_s), None]:
+            try:
+                return parse_decisions(self._client.infer(MODEL_NAME, inputs, **kwargs))
+            except InferenceServerException as exc:
+                error = server_error(exc)
+                if delay is None or not isinstance(error, PrismOverloaded):
+                    raise error from None
+            time.sleep(delay)
 
     def is_ready(self) -> bool:
         try:
@@ -135,10 +169,12 @@ class PrismClient:
 
 
 class AsyncPrismClient:
-    """asyncio client over tritonclient's aio HTTP or gRPC client."""
+    """asyncio client over tritonclient's aio HTTP or gRPC client; retries as PrismClient."""
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0):
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = 300.0,
+                 retries: int = 0, backoff_s: float = 0.5):
         self.protocol, self.timeout = protocol, timeout
+        self.retries, self.backoff_s = retries, backoff_s
         self._tc = _protocol_module(protocol)
         if protocol == "http":
             import tritonclient.http.aio as aio
@@ -155,10 +191,14 @@ class AsyncPrismClient:
 
         inputs = build_inputs(self._tc, material, tasks, system, return_prompt_ids)
         kwargs = infer_options(self.protocol, self.timeout, material, system, urgent)
-        try:
-            return parse_decisions(await self._client.infer(MODEL_NAME, inputs, **kwargs))
-        except InferenceServerException as exc:
-            raise PrismError(exc.message(), exc.status()) from None
+        for delay in [*retry_delays(self.retries, self.backoff_s), None]:
+            try:
+                return parse_decisions(await self._client.infer(MODEL_NAME, inputs, **kwargs))
+            except InferenceServerException as exc:
+                error = server_error(exc)
+                if delay is None or not isinstance(error, PrismOverloaded):
+                    raise error from None
+            await asyncio.sleep(delay)
 
     async def close(self) -> None:
         await self._client.close()

@@ -35,6 +35,9 @@ class EngineConfig:
     max_candidates: int = 16  # tasks with more options take the full-vocabulary fallback
     max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
     max_tasks_per_request: int = 32
+    # Checked before tokenizing (which costs ~1 s per MiB): a material at the model's whole context
+    # is at most max_context x the longest token's bytes (SmolLM2: 8192 x 81 B = 648 KiB).
+    max_material_bytes: int = 1024 * 1024
     tp_size: int = 1
     num_threads: int = 0  # 0: leave torch's default
     # Which code runs attention and the int8 GEMMs: "auto" = the Triton-lang kernels (kernels/) for
@@ -61,6 +64,8 @@ class EngineConfig:
             )
         if self.max_tasks_per_request < 1:
             raise ConfigError(f"max_tasks_per_request must be >= 1, got {self.max_tasks_per_request}")
+        if self.max_material_bytes < 1:
+            raise ConfigError(f"max_material_bytes must be >= 1, got {self.max_material_bytes}")
         if self.tp_size < 1:
             raise ConfigError(f"tp_size must be >= 1, got {self.tp_size}")
         if not 0 <= self.smooth_alpha < 1:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -24,9 +25,10 @@ from conftest import REPO_ROOT, free_port, processes_with, wait_for
 from test_server import metric, scrape_url
 from prism_client.client import ROUTE_HEADER, PrismClient, route_key
 from prism_client.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
-from prism_client.server import stop_with_parent
+from prism_client.server import python_stubs, stop_with_parent
 from prism_backend.config import ConfigError
 
+ADMIN_TOKEN = "test-admin-token-0123456789"
 TICKETS = [json.loads(line)["material"] for line in open(REPO_ROOT / "evals" / "data" / "tickets.jsonl")]
 # ~250-token support threads: long enough to fill whole 128-token prefix-cache blocks
 THREADS = ["\n\n".join(TICKETS[4 * i : 4 * i + 4]) for i in range(12)]
@@ -105,16 +107,18 @@ def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(
 
 
 class Cluster:
-    """`prism serve --replicas 2` as a user starts it; addresses read from what it prints."""
+    """`prism serve [--replicas N]` as a user starts it; addresses read from what it prints."""
 
-    def __init__(self):
-        self.http_port, self.grpc_port = free_port(), free_port()
+    def __init__(self, replicas: int = 2, env: dict[str, str] | None = None):
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.stderr_path = REPO_ROOT / ".run" / f"cluster-cli-{self.http_port}.log"
         self.stderr_path.parent.mkdir(exist_ok=True)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", "2",
-             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)],
+            [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", str(replicas),
+             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+             "--metrics-port", str(self.metrics_port)],
             stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
+            env={**os.environ, **(env or {})},
             preexec_fn=stop_with_parent,  # SIGTERM (a clean stop) if the test process dies
         )
         self.replicas: list[dict] = []
@@ -147,9 +151,37 @@ class Cluster:
         """tritonserver processes of replica `index` (their command line names its repository)."""
         return processes_with(b"tritonserver", f"{self.workdir}/replica-{index}/model_repository".encode())
 
+    def resident_bytes(self, index: int) -> int:
+        """Resident memory of replica `index`: its tritonserver and the stubs it started."""
+        total = 0
+        for pid in self.server_pids(index):
+            for p in [pid, *python_stubs(pid)]:
+                try:
+                    total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                except OSError:
+                    pass
+        return total
+
     def group_processes(self) -> list[int]:
         """Every process still running from this cluster's directory (servers, stubs, nginx)."""
         return processes_with(str(self.workdir).encode())
+
+
+def stop_cleanly(cluster: Cluster) -> float:
+    """Ctrl-C, as a user stops it: exit code 0, nothing left running. Returns the seconds it took."""
+    if cluster.process.poll() is not None:
+        return 0.0
+    started = time.monotonic()
+    cluster.process.send_signal(signal.SIGINT)
+    try:
+        assert cluster.process.wait(120) == 0
+    except subprocess.TimeoutExpired:
+        cluster.process.kill()  # its servers and router get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+        raise
+    took = time.monotonic() - started
+    assert "router and replicas stopped" in cluster.stderr_path.read_text()
+    assert wait_for(lambda: not cluster.group_processes(), 30)
+    return took
 
 
 def iter_until_ready(stream):
@@ -161,14 +193,9 @@ def iter_until_ready(stream):
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster()
+    c = Cluster(env={"PRISM_ADMIN_TOKEN": ADMIN_TOKEN})
     yield c
-    if c.process.poll() is None:  # a failed or deselected stop test: stop it the way Ctrl-C does
-        c.process.send_signal(signal.SIGINT)
-        try:
-            c.process.wait(120)
-        except subprocess.TimeoutExpired:
-            c.process.kill()  # its servers and router get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    stop_cleanly(c)  # a failed or deselected stop test: stop it the way Ctrl-C does
 
 
 def routed_entries(cluster, since: int, count: int | None = None) -> list[dict]:
@@ -301,7 +328,7 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
     for material, got in zip(THREADS[:6], routed):
         assert got.probabilities == reference.decide(material, ["team"])[0].probabilities
     # `prism serve --replicas` notices and starts the replica again on its ports
-    assert wait_for(lambda: f"replica {victim} had exited" in cluster.stderr_path.read_text(), 300)
+    assert wait_for(lambda: f"replica {victim} failed (tritonserver exited" in cluster.stderr_path.read_text(), 300)
     again = PrismClient(cluster.replicas[victim]["http"])
     assert wait_for(again.is_ready, 60)
     assert again.decide(THREADS[0], ["team"])[0].probabilities == client.decide(THREADS[0], ["team"])[0].probabilities
@@ -309,7 +336,4 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
 
 def test_stop_ends_router_and_every_replica(cluster):
     assert cluster.group_processes()  # nginx, two tritonservers, their stubs
-    cluster.process.send_signal(signal.SIGINT)
-    assert cluster.process.wait(120) == 0
-    assert "router and replicas stopped" in cluster.stderr_path.read_text()
-    assert wait_for(lambda: not cluster.group_processes(), 30)
+    assert stop_cleanly(cluster) < 20  # no server waits out its exit timeout
