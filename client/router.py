@@ -35,7 +35,8 @@ from pathlib import Path
 from prism_backend.config import ConfigError
 
 from .client import ROUTE_HEADER
-from .security import ADMIN_GRPC_METHODS, ADMIN_HEADER, ADMIN_HTTP_PATHS, validate_admin_token
+from .security import (ADMIN_GRPC_METHODS, ADMIN_HEADER, ADMIN_HTTP_PATHS, TRITON_GRPC_ADMIN_HEADER,
+                       validate_admin_token)
 from .server import stop_with_parent, wait_until_serving
 
 BALANCES = ("consistent-hash", "round-robin")
@@ -225,6 +226,7 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
         f"        listen {options.grpc_listen} http2;",
         f"        location ~ {ADMIN_GRPC_METHODS} {{",
         *_admin_check(options.admin_token, "            "),
+        f"            grpc_set_header {TRITON_GRPC_ADMIN_HEADER} {_header_variable(ADMIN_HEADER)};",
         *grpc_proxy,
         "        }",
         f"        location ~ {PUBLIC_GRPC_METHODS} {{",

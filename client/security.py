@@ -21,6 +21,9 @@ from prism_backend.config import ConfigError
 
 ADMIN_HEADER = "x-prism-admin-token"
 ADMIN_TOKEN_ENV = "PRISM_ADMIN_TOKEN"
+# Triton's gRPC server looks for a restricted protocol's header under this prefix (2.51: "This
+# protocol is restricted, expecting header 'triton-grpc-protocol-<key>'"); the front adds it.
+TRITON_GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
 # Triton's names for the API groups a client of decisions never needs (tritonserver --help).
 ADMIN_APIS = ("shared-memory", "model-repository", "trace", "logging")
 # The same groups as HTTP paths and gRPC methods, for the front's allow-list.

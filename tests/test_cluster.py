@@ -305,6 +305,41 @@ def test_urgent_priority_is_accepted_end_to_end(cluster):
     assert batching["priority_levels"] == 2 and batching["default_priority_level"] == 2
 
 
+def test_front_rules_hold_through_the_router(cluster):
+    """The checks of tests/test_security.py, through `--replicas 2`: the same front, the same rules."""
+    from test_security import check_admin_apis_locked, check_chunked_flood, check_oversized_requests
+
+    check_chunked_flood(cluster.url, ADMIN_TOKEN)
+    check_admin_apis_locked(cluster.url, f"127.0.0.1:{cluster.grpc_port}", ADMIN_TOKEN)
+    check_oversized_requests(cluster.url)
+    for index in range(2):
+        assert wait_for(lambda: all(cluster.server_pids(i) for i in range(2)), 5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/replicas/{index}/metrics") as r:
+            assert b"prism_requests_total" in r.read()
+
+
+def test_dead_stub_of_one_replica_fails_over_then_heals(cluster):
+    """SIGKILL of one replica's decision stub: its keys are answered by the other replica with the
+    same bits, and `prism serve` restarts it."""
+    client = PrismClient(cluster.url)
+    start = len(read_access_log(cluster.access_log))
+    expected = client.decide(THREADS[2], ["team"])[0]
+    victim = cluster.replica_of(routed_entries(cluster, start, 1)[0]["upstream"])
+    (pid,) = cluster.server_pids(victim)
+    (stub,) = [s for s in python_stubs(pid) if b"prism_decision" in Path(f"/proc/{s}/cmdline").read_bytes()]
+    os.kill(stub, signal.SIGKILL)
+    assert wait_for(lambda: f"replica {victim} failed (Python-backend stub" in cluster.stderr_path.read_text()
+                    or not cluster.server_pids(victim) or cluster.server_pids(victim) != [pid], 10)
+    start = len(read_access_log(cluster.access_log))
+    again = [client.decide(THREADS[2], ["team"])[0] for _ in range(3)]  # meanwhile: the other replica
+    assert all(d.probabilities == expected.probabilities for d in again)
+    survivor = cluster.replicas[1 - victim]["http"]
+    assert all(e["upstream"].split(", ")[-1] == survivor for e in routed_entries(cluster, start, 3))
+    healed = PrismClient(cluster.replicas[victim]["http"])
+    assert wait_for(lambda: f"replica {victim} failed" in cluster.stderr_path.read_text() and healed.is_ready(), 300)
+    assert healed.decide(THREADS[2], ["team"])[0].probabilities == expected.probabilities
+
+
 def test_killed_replica_is_taken_out_then_restarted(cluster):
     client = PrismClient(cluster.url)
     start = len(read_access_log(cluster.access_log))
