@@ -57,7 +57,7 @@ def cmd_serve(args) -> int:
                            max_request_bytes=args.max_request_bytes, admin_token=token)
     cluster = PrismCluster(args.replicas, options, router)
     print(f"prism: starting {args.replicas} replica(s) + nginx front (logs: {cluster.workdir})", file=sys.stderr)
-    cluster.start()
+    cluster.start(args.ready_timeout)
     for i, (server, metrics) in enumerate(zip(cluster.servers, cluster.metrics_urls)):
         o = server.options
         print(f"prism: replica {i}: HTTP {LOOPBACK}:{o.http_port}  gRPC {LOOPBACK}:{o.grpc_port}  "
@@ -73,7 +73,7 @@ def cmd_serve(args) -> int:
             if not cluster.router.running():
                 print(f"prism: the front exited: {cluster.router.error_tail()}", file=sys.stderr)
                 return 1
-            for i, reason in cluster.heal():
+            for i, reason in cluster.heal(args.ready_timeout):
                 print(f"prism: replica {i} failed ({reason}); restarted", file=sys.stderr, flush=True)
             time.sleep(WATCH_INTERVAL_S)
     finally:
@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{ADMIN_HEADER} header carries it (default: ${ADMIN_TOKEN_ENV}; unset = closed)")
     serve.add_argument("--max-request-bytes", type=_positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
                        help="larger request bodies get 413 from the front")
+    serve.add_argument("--ready-timeout", type=_positive_int, default=300,
+                       help="seconds a replica may take to load its models (int8 calibrates first)")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)

@@ -116,7 +116,7 @@ class Cluster:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", str(replicas),
              "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-             "--metrics-port", str(self.metrics_port)],
+             "--metrics-port", str(self.metrics_port), "--ready-timeout", "900"],
             stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
             env={**os.environ, **(env or {})},
             preexec_fn=stop_with_parent,  # SIGTERM (a clean stop) if the test process dies
@@ -129,7 +129,7 @@ class Cluster:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter_until_ready(self.process.stdout)), daemon=True)
         reader.start()
-        reader.join(600)
+        reader.join(1200)
         if not lines or "ready" not in lines[-1]:
             self.process.kill()
             raise RuntimeError(f"cluster did not start: {lines}\n{self.stderr_path.read_text()[-3000:]}")
@@ -328,15 +328,14 @@ def test_dead_stub_of_one_replica_fails_over_then_heals(cluster):
     (pid,) = cluster.server_pids(victim)
     (stub,) = [s for s in python_stubs(pid) if b"prism_decision" in Path(f"/proc/{s}/cmdline").read_bytes()]
     os.kill(stub, signal.SIGKILL)
-    assert wait_for(lambda: f"replica {victim} failed (Python-backend stub" in cluster.stderr_path.read_text()
-                    or not cluster.server_pids(victim) or cluster.server_pids(victim) != [pid], 10)
+    assert wait_for(lambda: cluster.server_pids(victim) != [pid], 10)  # the launcher noticed: killed, restarting
     start = len(read_access_log(cluster.access_log))
     again = [client.decide(THREADS[2], ["team"])[0] for _ in range(3)]  # meanwhile: the other replica
     assert all(d.probabilities == expected.probabilities for d in again)
     survivor = cluster.replicas[1 - victim]["http"]
     assert all(e["upstream"].split(", ")[-1] == survivor for e in routed_entries(cluster, start, 3))
     healed = PrismClient(cluster.replicas[victim]["http"])
-    assert wait_for(lambda: f"replica {victim} failed" in cluster.stderr_path.read_text() and healed.is_ready(), 300)
+    assert wait_for(lambda: f"replica {victim} failed" in cluster.stderr_path.read_text() and healed.is_ready(), 900)
     assert healed.decide(THREADS[2], ["team"])[0].probabilities == expected.probabilities
 
 
