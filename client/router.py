@@ -284,6 +284,7 @@ class NginxRouter:
     def write_conf(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.conf_path.write_text(render_nginx_conf(self.replicas, self.options, str(self.workdir)))
+        self.conf_path.chmod(0o600)  # it may hold the admin token
         check = subprocess.run(self._command("-t", "-q"), capture_output=True, text=True)
         if check.returncode != 0:
             raise ConfigError(f"nginx rejected {self.conf_path}: {check.stderr.strip()}")
