@@ -104,6 +104,20 @@ def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(
     check = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+    # each pod: tritonserver on loopback with its admin APIs restricted, the same front as a sidecar
+    pod = docs[("StatefulSet", "prism")]["spec"]["template"]["spec"]["containers"]
+    triton, front = pod[0], pod[1]
+    assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(triton["command"])
+    assert any(a.startswith("--http-restricted-api=shared-memory,model-repository,trace,logging:x-prism-admin-token=$(")
+               for a in triton["command"])
+    assert triton["livenessProbe"]["exec"]["command"][:2] == ["prism", "health"]
+    pod_conf = docs[("ConfigMap", "prism-front")]["data"]["nginx.conf"]
+    assert "server 127.0.0.1:18000 max_fails=1" in pod_conf and "admin APIs are closed" in pod_conf
+    assert front["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    (tmp_path / "pod.conf").write_text(pod_conf)
+    check = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "pod.conf")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
 
 
 class Cluster:

@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REGISTRY, SAMPLE_TICKET, free_port, wait_for
+from conftest import REGISTRY, REPO_ROOT, SAMPLE_TICKET, free_port, wait_for
 from prism_backend.config import ConfigError
 from prism_client.client import PrismClient, PrismError, PrismOverloaded, retry_delays, server_error
 from prism_client.router import DEFAULT_MAX_REQUEST_BYTES, NginxRouter, Replica, RouterOptions, read_access_log
@@ -292,6 +292,17 @@ def test_only_the_allow_list_is_served(front):
         assert status == expected, path
     with urllib.request.urlopen(f"http://127.0.0.1:{front.metrics_port}/metrics") as r:
         assert b"prism_requests_total" in r.read()
+
+
+def test_perf_analyzer_runs_through_the_front(front):
+    """perf_analyzer needs only the allow-list (metadata, config, statistics, inference)."""
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "perf_analyzer_configs"))
+    from run_perf import HERE, run_perf
+
+    result = run_perf(front.url, HERE / "unshared.json", concurrency=1)
+    assert result["throughput"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
 
 
 def test_overload_is_answered_with_503_and_bounded_waits(front):
