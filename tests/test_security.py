@@ -374,3 +374,12 @@ def test_dead_decision_stub_is_healed(front):
     print(f"dead stub: ready again {time.monotonic() - killed:.1f} s after the SIGKILL")
     assert "failed (Python-backend stub" in front.stderr_path.read_text()
     assert probabilities(front.url) == before
+
+
+def test_ctrl_c_stops_front_and_replica_without_exit_timeout(front):
+    """After the heal above: Ctrl-C stops nginx, tritonserver and its stubs, with no exit timeout."""
+    assert len(front.group_processes()) >= 5  # nginx master, tritonserver, 3 stubs
+    took = stop_cleanly(front)
+    print(f"clean stop: {took:.1f} s")
+    assert took < 20  # tritonserver's --exit-timeout-secs
+    assert not PrismClient(front.url).is_ready()
