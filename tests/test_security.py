@@ -243,7 +243,7 @@ def listening_addresses(pid: int) -> set[str]:
                     address = socket.inet_ntop(socket.AF_INET, raw[::-1])
                 else:
                     address = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
-                found.add(f"{address}:{int(port, 16)}")
+                found.add(f"{address.removeprefix('::ffff:')}:{int(port, 16)}")  # v4-mapped v6 as v4
     return found
 
 
