@@ -123,14 +123,14 @@ def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(
 class Cluster:
     """`prism serve [--replicas N]` as a user starts it; addresses read from what it prints."""
 
-    def __init__(self, replicas: int = 2, env: dict[str, str] | None = None):
+    def __init__(self, replicas: int = 2, env: dict[str, str] | None = None, args: tuple[str, ...] = ()):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.stderr_path = REPO_ROOT / ".run" / f"cluster-cli-{self.http_port}.log"
         self.stderr_path.parent.mkdir(exist_ok=True)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", str(replicas),
              "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-             "--metrics-port", str(self.metrics_port), "--ready-timeout", "900"],
+             "--metrics-port", str(self.metrics_port), "--ready-timeout", "900", *args],
             stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
             env={**os.environ, **(env or {})},
             preexec_fn=stop_with_parent,  # SIGTERM (a clean stop) if the test process dies

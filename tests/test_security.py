@@ -217,7 +217,9 @@ def test_oversized_material_is_refused_before_tokenizing(model_dir):
 
 @pytest.fixture(scope="module")
 def front():
-    c = Cluster(replicas=1, env={"PRISM_ADMIN_TOKEN": TOKEN})
+    # fp32 loads in a fraction of int8's time (no calibration) and is deterministic for a repeated
+    # request; int8 behind the front: tests/test_cluster.py
+    c = Cluster(replicas=1, env={"PRISM_ADMIN_TOKEN": TOKEN}, args=("--precision", "fp32"))
     yield c
     stop_cleanly(c)
 
