@@ -95,22 +95,23 @@ def check_chunked_flood(address: str, token: str) -> None:
 def check_admin_apis_locked(http: str, grpc: str, token: str) -> None:
     """Shared memory, repository, trace and logging: 403 (gRPC PERMISSION_DENIED) without the
     token; shared-memory registration with it goes through and is undone."""
-    from tritonclient.utils import shared_memory as shm
+    from multiprocessing import shared_memory
 
     plain = httpclient.InferenceServerClient(http)
     admin = httpclient.InferenceServerClient(http)
     headers = {ADMIN_HEADER: token}
-    region = shm.create_shared_memory_region(f"prism-test-{os.getpid()}", f"/prism-test-{os.getpid()}", 64)
+    region = shared_memory.SharedMemory(f"prism-test-{os.getpid()}", create=True, size=64)  # /dev/shm/<name>
     try:
         with pytest.raises(InferenceServerException) as refused:
-            plain.register_system_shared_memory("probe", f"/prism-test-{os.getpid()}", 64)
+            plain.register_system_shared_memory("probe", f"/{region.name}", 64)
         assert refused.value.status() == "403" and ADMIN_HEADER in refused.value.message()
-        admin.register_system_shared_memory("probe", f"/prism-test-{os.getpid()}", 64, headers=headers)
+        admin.register_system_shared_memory("probe", f"/{region.name}", 64, headers=headers)
         assert [r["name"] for r in admin.get_system_shared_memory_status(headers=headers)] == ["probe"]
         admin.unregister_system_shared_memory("probe", headers=headers)
         assert admin.get_system_shared_memory_status(headers=headers) == []
     finally:
-        shm.destroy_shared_memory_region(region)
+        region.close()
+        region.unlink()
     for call in (lambda: plain.unload_model("prism"), lambda: plain.get_model_repository_index(),
                  lambda: plain.get_trace_settings(), lambda: plain.get_log_settings(),
                  lambda: plain.unload_model("prism", headers={ADMIN_HEADER: "wrong-token-0123456789"})):
@@ -374,7 +375,7 @@ def test_dead_decision_stub_is_healed(front):
     assert info.value.status == "StatusCode.UNAVAILABLE"
     assert wait_for(lambda: PrismClient(front.url).is_ready(), 900)
     print(f"dead stub: ready again {time.monotonic() - killed:.1f} s after the SIGKILL")
-    assert "failed (Python-backend stub" in front.stderr_path.read_text()
+    assert wait_for(lambda: "failed (Python-backend stub" in front.stderr_path.read_text(), 10)
     assert probabilities(front.url) == before
 
 
