@@ -303,6 +303,20 @@ def test_only_the_allow_list_is_served(front):
         assert b"prism_requests_total" in r.read()
 
 
+def test_prism_health_probe(front):
+    """What the Kubernetes probes run: 0 while the server answers a decision, 1 when it cannot."""
+    import subprocess
+    import sys
+
+    def health(url):
+        return subprocess.run([sys.executable, "-m", "prism_client.cli", "health", "--url", url, "--timeout", "60"],
+                              capture_output=True, text=True, cwd=REPO_ROOT)
+
+    assert health(front.url).returncode == 0
+    refused = health(f"127.0.0.1:{free_port()}")
+    assert refused.returncode == 1 and "unhealthy" in refused.stderr
+
+
 def test_perf_analyzer_runs_through_the_front(front):
     """perf_analyzer needs only the allow-list (metadata, config, statistics, inference)."""
     import sys
