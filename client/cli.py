@@ -50,6 +50,7 @@ def cmd_serve(args) -> int:
         precision=args.precision, instances=args.instances, tp=args.tp,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size, admin_token=token,
+        queue_timeout_s=args.queue_timeout_s,
     )
     options.validate()  # the public ports must differ too, though the replicas take free ones
     router = RouterOptions(http_listen=f"{args.host}:{args.http_port}", grpc_listen=f"{args.host}:{args.grpc_port}",
@@ -168,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="router policy with --replicas (consistent-hash on the material)")
     serve.add_argument("--max-batch-size", type=_positive_int, default=None,
                        help="prism_decision's max_batch_size (default: config.pbtxt's)")
+    serve.add_argument("--queue-timeout-s", type=float, default=None,
+                       help="a request queued longer gets 503 / UNAVAILABLE (default: config.pbtxt's, 60 s)")
     serve.add_argument("--host", default=LOOPBACK,
                        help="address the front listens on (0.0.0.0 in a container); tritonserver "
                             "itself always binds loopback")

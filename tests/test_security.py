@@ -6,6 +6,7 @@ helpers take addresses, so tests/test_cluster.py runs the same checks through `-
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ from prism_client.server import python_stubs
 from test_cluster import TICKETS, Cluster, stop_cleanly
 
 TOKEN = "test-admin-token-0123456789"
+QUEUE_TIMEOUT_S = 20  # the front fixture's, shorter than the default: the overload test waits it out
 CHUNKED_FLOOD_BYTES = 3 * 1024 * 1024  # what crashes an exposed Triton 2.51 in 1-byte chunks
 
 
@@ -226,7 +228,8 @@ def test_oversized_material_is_refused_before_tokenizing(model_dir):
 def front():
     # fp32 loads in a fraction of int8's time (no calibration) and is deterministic for a repeated
     # request; int8 behind the front: tests/test_cluster.py
-    c = Cluster(replicas=1, env={"PRISM_ADMIN_TOKEN": TOKEN}, args=("--precision", "fp32"))
+    c = Cluster(replicas=1, env={"PRISM_ADMIN_TOKEN": TOKEN},
+                args=("--precision", "fp32", "--queue-timeout-s", str(QUEUE_TIMEOUT_S)))
     yield c
     stop_cleanly(c)
 
@@ -301,6 +304,10 @@ def test_only_the_allow_list_is_served(front):
         assert status == expected, path
     with urllib.request.urlopen(f"http://127.0.0.1:{front.metrics_port}/metrics") as r:
         assert b"prism_requests_total" in r.read()
+    with urllib.request.urlopen(f"http://{front.url}/v2/models/prism_decision/config") as r:
+        policy = json.loads(r.read())["dynamic_batching"]["default_queue_policy"]
+    assert policy["timeout_action"] == "REJECT" and int(policy["max_queue_size"]) == 16
+    assert int(policy["default_timeout_microseconds"]) == QUEUE_TIMEOUT_S * 10**6
 
 
 def test_prism_health_probe(front):
@@ -372,8 +379,8 @@ def test_overload_is_answered_with_503_and_bounded_waits(front):
           f"{len(rejected)} answered 503 (max {max(rejected):.2f} s), drained {finished - deadline:.1f} s after "
           f"the senders stopped, peak server RSS {peak_rss[0] / 2**30:.2f} GiB")
     assert admitted and rejected
-    assert p99 < 45  # the queue timeout (30 s) + one execution
-    assert finished - deadline < 50
+    assert p99 < QUEUE_TIMEOUT_S + 30  # the queue timeout + one execution (slow on busy cores)
+    assert finished - deadline < QUEUE_TIMEOUT_S + 40
     assert peak_rss[0] < 6 * 2**30
     assert probabilities(front.url) == before
 
