@@ -11,8 +11,11 @@ from pathlib import Path
 from prism_backend.config import PRECISIONS, ConfigError
 from prism_backend.paths import DEFAULT_MODEL_DIR
 
-from .router import BALANCES
-from .server import ServerOptions, TritonServer
+from .router import BALANCES, DEFAULT_MAX_REQUEST_BYTES
+from .security import ADMIN_HEADER, ADMIN_TOKEN_ENV, admin_token_from_environment, validate_admin_token
+from .server import LOOPBACK, READY_TIMEOUT_S, ServerOptions
+
+WATCH_INTERVAL_S = 0.25  # how often `prism serve` checks its replicas (and their stubs) are alive
 
 
 def _positive_int(text: str) -> int:
@@ -37,53 +40,44 @@ def cmd_setup(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    options = ServerOptions(
-        precision=args.precision, instances=args.instances, tp=args.tp,
-        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-        model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size,
-    )
-    if args.replicas > 1:
-        return serve_cluster(args, options)
-    server = TritonServer(options)
-    print(f"prism: starting tritonserver (log: {server.log_path})", file=sys.stderr)
-    server.start()
-    print(f"prism: ready. HTTP localhost:{args.http_port}  gRPC localhost:{args.grpc_port}  "
-          f"metrics http://localhost:{args.metrics_port}/metrics  (Ctrl-C stops)", flush=True)
-    stop = _stop_on_signals()
-    try:
-        while not stop["now"] and server.running():
-            time.sleep(0.5)
-    finally:
-        code = server.stop()
-    print(f"prism: server stopped (exit code {code})", file=sys.stderr)
-    return 0
-
-
-def serve_cluster(args, options: ServerOptions) -> int:
-    """N replicas + the nginx router on the public ports; a replica that exits is started again."""
+    """Replicas (one by default) behind the nginx front on the public ports; the front is the only
+    way in (tritonserver binds loopback). A replica whose server exits or whose stub dies is
+    restarted (PrismCluster.heal)."""
     from .cluster import PrismCluster
     from .router import RouterOptions
 
-    router = RouterOptions(http_listen=f"0.0.0.0:{args.http_port}", grpc_listen=f"0.0.0.0:{args.grpc_port}",
-                           balance=args.balance)
+    token = validate_admin_token(args.admin_token) if args.admin_token else admin_token_from_environment()
+    options = ServerOptions(
+        precision=args.precision, instances=args.instances, tp=args.tp,
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+        model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size, admin_token=token,
+        queue_timeout_s=args.queue_timeout_s,
+    )
+    options.validate()  # the public ports must differ too, though the replicas take free ones
+    router = RouterOptions(http_listen=f"{args.host}:{args.http_port}", grpc_listen=f"{args.host}:{args.grpc_port}",
+                           metrics_listen=f"{args.host}:{args.metrics_port}", balance=args.balance,
+                           max_request_bytes=args.max_request_bytes, admin_token=token)
     cluster = PrismCluster(args.replicas, options, router)
-    print(f"prism: starting {args.replicas} replicas + nginx router (logs: {cluster.workdir})", file=sys.stderr)
-    cluster.start()
+    print(f"prism: starting {args.replicas} replica(s) + nginx front (logs: {cluster.workdir})", file=sys.stderr)
+    cluster.start(args.ready_timeout)
     for i, (server, metrics) in enumerate(zip(cluster.servers, cluster.metrics_urls)):
         o = server.options
-        print(f"prism: replica {i}: HTTP 127.0.0.1:{o.http_port}  gRPC 127.0.0.1:{o.grpc_port}  "
+        print(f"prism: replica {i}: HTTP {LOOPBACK}:{o.http_port}  gRPC {LOOPBACK}:{o.grpc_port}  "
               f"metrics {metrics}", flush=True)
-    print(f"prism: ready. Router ({args.balance}): HTTP localhost:{args.http_port}  "
-          f"gRPC localhost:{args.grpc_port}  access log {cluster.router.access_log}  (Ctrl-C stops)", flush=True)
+    admin = "admin APIs open to the admin token" if token else "admin APIs closed (no --admin-token)"
+    print(f"prism: ready. Front ({args.balance}, {admin}): HTTP {args.host}:{args.http_port}  "
+          f"gRPC {args.host}:{args.grpc_port}  metrics http://{args.host}:{args.metrics_port}/"
+          f"{'metrics' if args.replicas == 1 else 'replicas/<i>/metrics'}  "
+          f"access log {cluster.router.access_log}  (Ctrl-C stops)", flush=True)
     stop = _stop_on_signals()
     try:
         while not stop["now"]:
             if not cluster.router.running():
-                print(f"prism: the router exited: {cluster.router.error_tail()}", file=sys.stderr)
+                print(f"prism: the front exited: {cluster.router.error_tail()}", file=sys.stderr)
                 return 1
-            for i in cluster.restart_dead():
-                print(f"prism: replica {i} had exited; started again", file=sys.stderr)
-            time.sleep(0.5)
+            for i, reason in cluster.heal(args.ready_timeout):
+                print(f"prism: replica {i} failed ({reason}); restarted", file=sys.stderr, flush=True)
+            time.sleep(WATCH_INTERVAL_S)
     finally:
         cluster.stop()
         print("prism: router and replicas stopped", file=sys.stderr)
@@ -124,6 +118,29 @@ def cmd_decide(args) -> int:
     return 0
 
 
+HEALTH_PROBE_MATERIAL = "Health probe."
+
+
+def cmd_health(args) -> int:
+    """Exit 0 if the server at --url answers a small decision (or is merely overloaded: 503),
+    1 otherwise. For Kubernetes probes: Triton 2.51 keeps reporting ready with a dead stub, and
+    only a request shows it ("Stub process ... is not healthy")."""
+    from .client import PrismClient, PrismError, PrismOverloaded
+
+    client = PrismClient(args.url, timeout=args.timeout)
+    try:
+        client.decide(HEALTH_PROBE_MATERIAL, ["team"])
+    except PrismOverloaded:
+        return 0  # alive and busy: restarting it would only lose the queue
+    except PrismError as exc:
+        print(f"prism: unhealthy: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # refused connection, timeout...
+        print(f"prism: unhealthy: {exc!r}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_determinism_check(args) -> int:
     from .determinism_check import run_check
 
@@ -153,6 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="router policy with --replicas (consistent-hash on the material)")
     serve.add_argument("--max-batch-size", type=_positive_int, default=None,
                        help="prism_decision's max_batch_size (default: config.pbtxt's)")
+    serve.add_argument("--queue-timeout-s", type=float, default=None,
+                       help="a request queued longer gets 503 / UNAVAILABLE (default: config.pbtxt's, 60 s)")
+    serve.add_argument("--host", default=LOOPBACK,
+                       help="address the front listens on (0.0.0.0 in a container); tritonserver "
+                            "itself always binds loopback")
+    serve.add_argument("--admin-token", default=None,
+                       help=f"opens the shared-memory, repository, trace and logging APIs to requests whose "
+                            f"{ADMIN_HEADER} header carries it (default: ${ADMIN_TOKEN_ENV}; unset = closed)")
+    serve.add_argument("--max-request-bytes", type=_positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
+                       help="larger request bodies get 413 from the front")
+    serve.add_argument("--ready-timeout", type=_positive_int, default=int(READY_TIMEOUT_S),
+                       help="seconds a replica may take to load its models (int8 calibrates first)")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
@@ -178,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--grpc", action="store_true")
     check.add_argument("--rounds", type=int, default=3, help="times each request is sent per concurrency")
     check.set_defaults(func=cmd_determinism_check)
+
+    health = sub.add_parser("health", help="exit 0 if a server answers a small decision (Kubernetes probes)")
+    health.add_argument("--url", default="127.0.0.1:8000", help="HTTP address of the server")
+    health.add_argument("--timeout", type=float, default=20.0)
+    health.set_defaults(func=cmd_health)
 
     k8s = sub.add_parser("k8s", help="print the --replicas layout as Kubernetes manifests (router as entry point)")
     k8s.add_argument("--replicas", type=_positive_int, default=2)

@@ -1,9 +1,12 @@
 """A small typed client for the `prism` ensemble over Triton's HTTP or gRPC protocol (tritonclient)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
+import random
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +36,28 @@ class PrismError(RuntimeError):
         super().__init__(message if status is None else f"[{status}] {message}")
         self.message = message
         self.status = status
+
+
+class PrismOverloaded(PrismError):
+    """Retry later: the server's queue is full or the request waited past its queue timeout, or no
+    replica is up (restarting after a fault). HTTP 503 / gRPC UNAVAILABLE; nothing was decided."""
+
+
+OVERLOADED_STATUSES = ("503", "StatusCode.UNAVAILABLE")
+
+
+def server_error(exc) -> PrismError:
+    """A tritonclient InferenceServerException as PrismOverloaded or PrismError."""
+    status = exc.status()
+    kind = PrismOverloaded if status in OVERLOADED_STATUSES else PrismError
+    return kind(exc.message(), status)
+
+
+def retry_delays(retries: int, backoff_s: float):
+    """Seconds to wait before each retry: exponential backoff with jitter (0.5x-1.5x), so callers
+    turned away together do not all come back at the same instant."""
+    for attempt in range(retries):
+        yield backoff_s * (2 ** attempt) * (0.5 + random.random())
 
 
 @dataclass(frozen=True)
@@ -105,20 +130,26 @@ def parse_decisions(result) -> list[Decision]:
 
 @contextlib.contextmanager
 def server_errors():
-    """tritonclient's InferenceServerException -> PrismError with the server's own message."""
+    """tritonclient's InferenceServerException -> PrismError (PrismOverloaded for 503/UNAVAILABLE)
+    with the server's own message."""
     from tritonclient.utils import InferenceServerException
 
     try:
         yield
     except InferenceServerException as exc:
-        raise PrismError(exc.message(), exc.status()) from None
+        raise server_error(exc) from None
 
 
 class _ClientBase:
-    """What the blocking and the asyncio client share: the protocol and the request they send."""
+    """What the blocking and the asyncio client share: the protocol, the retry policy and the
+    request they send.
 
-    def __init__(self, protocol: str, timeout: float):
+    retries: how many times an overloaded answer (PrismOverloaded) is retried, with exponential
+    backoff from backoff_s; 0 (the default) raises it at once and leaves the choice to the caller."""
+
+    def __init__(self, protocol: str, timeout: float, retries: int, backoff_s: float):
         self.protocol, self.timeout = protocol, timeout
+        self.retries, self.backoff_s = retries, backoff_s
         self._tc = _protocol_module(protocol)
 
     def _infer_call(self, material, tasks, system, return_prompt_ids: bool, urgent: bool) -> tuple[tuple, dict]:
@@ -130,8 +161,9 @@ class _ClientBase:
 class PrismClient(_ClientBase):
     """Blocking client. tritonclient's HTTP client is not thread-safe: use one per thread."""
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = REQUEST_TIMEOUT_S):
-        super().__init__(protocol, timeout)
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = REQUEST_TIMEOUT_S,
+                 retries: int = 0, backoff_s: float = 0.5):
+        super().__init__(protocol, timeout, retries, backoff_s)
         if protocol == "http":
             self._client = self._tc.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
         else:
@@ -141,8 +173,14 @@ class PrismClient(_ClientBase):
                return_prompt_ids: bool = False, urgent: bool = False) -> list[Decision]:
         """urgent: Triton priority 1, ahead of every queued non-urgent request."""
         args, kwargs = self._infer_call(material, tasks, system, return_prompt_ids, urgent)
-        with server_errors():
-            return parse_decisions(self._client.infer(*args, **kwargs))
+        for delay in [*retry_delays(self.retries, self.backoff_s), None]:
+            try:
+                with server_errors():
+                    return parse_decisions(self._client.infer(*args, **kwargs))
+            except PrismOverloaded:
+                if delay is None:
+                    raise
+            time.sleep(delay)
 
     def is_ready(self) -> bool:
         try:
@@ -155,10 +193,11 @@ class PrismClient(_ClientBase):
 
 
 class AsyncPrismClient(_ClientBase):
-    """asyncio client over tritonclient's aio HTTP or gRPC client."""
+    """asyncio client over tritonclient's aio HTTP or gRPC client; retries as PrismClient."""
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = REQUEST_TIMEOUT_S):
-        super().__init__(protocol, timeout)
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", timeout: float = REQUEST_TIMEOUT_S,
+                 retries: int = 0, backoff_s: float = 0.5):
+        super().__init__(protocol, timeout, retries, backoff_s)
         if protocol == "http":
             import tritonclient.http.aio as aio
 
@@ -171,8 +210,14 @@ class AsyncPrismClient(_ClientBase):
     async def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
                      return_prompt_ids: bool = False, urgent: bool = False) -> list[Decision]:
         args, kwargs = self._infer_call(material, tasks, system, return_prompt_ids, urgent)
-        with server_errors():
-            return parse_decisions(await self._client.infer(*args, **kwargs))
+        for delay in [*retry_delays(self.retries, self.backoff_s), None]:
+            try:
+                with server_errors():
+                    return parse_decisions(await self._client.infer(*args, **kwargs))
+            except PrismOverloaded:
+                if delay is None:
+                    raise
+            await asyncio.sleep(delay)
 
     async def close(self) -> None:
         await self._client.close()

@@ -1,8 +1,10 @@
-"""Several Prism servers on one machine behind the nginx router (`prism serve --replicas N`).
+"""Prism servers behind the nginx front: what `prism serve` runs, one replica or `--replicas N`.
 
 The local form of the production layout (docs/scale-out.md): N independent tritonservers, each
-with its own prefix cache, and a router that sends requests about the same material to the same
-replica. Replicas listen on free loopback ports; only the router's ports are the public ones.
+with its own prefix cache, and the front (router.py) that sends requests about the same material
+to the same replica and lets only the allowed APIs through. Replicas listen on free loopback ports;
+only the front's ports are public. `heal()` restarts a replica whose server exited or whose
+Python-backend stub died (docs/security.md, "Self-healing").
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from prism_backend.config import ConfigError
 from prism_backend.processes import free_port
 
 from .router import NginxRouter, Replica, RouterOptions
-from .server import READY_TIMEOUT_S, RUN_DIR, ServerOptions, TritonServer
+from .server import LOOPBACK, READY_TIMEOUT_S, RUN_DIR, ServerOptions, TritonServer
 
 
 class PrismCluster:
@@ -32,13 +34,13 @@ class PrismCluster:
             )
             for i in range(replicas)
         ]
-        addresses = [Replica(f"127.0.0.1:{s.options.http_port}", f"127.0.0.1:{s.options.grpc_port}")
-                     for s in self.servers]
+        addresses = [Replica(f"{LOOPBACK}:{s.options.http_port}", f"{LOOPBACK}:{s.options.grpc_port}",
+                             f"{LOOPBACK}:{s.options.metrics_port}") for s in self.servers]
         self.router = NginxRouter(addresses, router, self.workdir / "router")
 
     @property
     def metrics_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{s.options.metrics_port}/metrics" for s in self.servers]
+        return [f"http://{LOOPBACK}:{s.options.metrics_port}/metrics" for s in self.servers]
 
     def start(self, ready_timeout: float = READY_TIMEOUT_S) -> "PrismCluster":
         try:
@@ -52,13 +54,19 @@ class PrismCluster:
             raise
         return self
 
-    def restart_dead(self, ready_timeout: float = READY_TIMEOUT_S) -> list[int]:
-        """Start again the replicas whose server exited (same ports: the router takes each back
-        once its fail_timeout has passed). Returns their indices."""
-        dead = [i for i, s in enumerate(self.servers) if s.process is not None and not s.running()]
-        for i in dead:
-            self.servers[i].start(ready_timeout)
-        return dead
+    def heal(self, ready_timeout: float = READY_TIMEOUT_S) -> list[tuple[int, str]]:
+        """Restart the replicas that can no longer answer (TritonServer.failure: the server exited
+        or a stub died), on the same ports. While one is down its connections are refused: the
+        front fails over to another replica, or answers 503 when none is left, and takes it back
+        once its fail_timeout has passed. Returns (index, what had failed) per restart."""
+        healed = []
+        for i, server in enumerate(self.servers):
+            reason = server.failure()
+            if reason:
+                server.kill()
+                server.start(ready_timeout)
+                healed.append((i, reason))
+        return healed
 
     def stop(self) -> None:
         """Router first (no new requests reach the replicas), then every replica, gracefully."""

@@ -13,6 +13,13 @@ replica of the ring: inference requests have no side effects, so retrying them i
 (`non_idempotent`). The same configuration serves HTTP (proxy_pass) and gRPC (grpc_pass, HTTP/2).
 
 Every HTTP response carries `x-prism-replica: <address>`, the replica that answered.
+
+The same nginx is Prism's front in every mode (one replica too, and each Kubernetes pod): the
+replicas' tritonservers bind loopback, and the front passes on only an allow-list. Bodies are read
+whole before proxying (no chunked stream reaches Triton) and capped at max_request_bytes (413);
+inference on the public models, health, metadata, config and statistics go through; the admin
+APIs of security.py answer 403 without the admin token; everything else 404. When no replica
+answers (all restarting), HTTP callers get a retryable 503 with Retry-After instead of a 502.
 """
 from __future__ import annotations
 
@@ -28,32 +35,50 @@ from pathlib import Path
 from prism_backend.config import ConfigError
 
 from .client import ROUTE_HEADER
+from .security import (ADMIN_GRPC_METHODS, ADMIN_HEADER, ADMIN_HTTP_PATHS, TRITON_GRPC_ADMIN_HEADER,
+                       validate_admin_token)
 from .server import stop_with_parent, wait_until_serving
 
 BALANCES = ("consistent-hash", "round-robin")
 NGINX_PACKAGE = "nginx"  # Debian package `make setup` installs
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a material at the model's context is < 1 MiB (docs/security.md)
+# What a client of decisions needs, besides inference on PUBLIC_MODELS: health, server and model
+# metadata, config, readiness and statistics (perf_analyzer reads them) of any model.
+PUBLIC_MODELS = ("prism",)
+PUBLIC_HTTP_PATHS = r"^/v2(/health/(live|ready))?$|^/v2/models/[A-Za-z0-9_.-]+(/versions/[0-9]+)?(/ready|/config|/stats)?$"
+PUBLIC_GRPC_METHODS = r"^/inference\.GRPCInferenceService/(ServerLive|ServerReady|ModelReady|ServerMetadata" \
+                      r"|ModelMetadata|ModelConfig|ModelStatistics|ModelInfer)$|^/grpc\.health\.v1\.Health/Check$"
+UNAVAILABLE_MESSAGE = "no Prism replica is available (starting, restarting after a fault, or overloaded); retry later"
 
 
 @dataclass(frozen=True)
 class Replica:
     http: str  # host:port
     grpc: str
+    metrics: str | None = None  # host:port of its metrics endpoint, served by the front
 
 
 @dataclass
 class RouterOptions:
+    """The nginx front: the only way in to the replicas' tritonservers, which bind loopback."""
     http_listen: str = "127.0.0.1:8000"
     grpc_listen: str = "127.0.0.1:8001"
+    metrics_listen: str | None = None  # None: no metrics port on the front
     balance: str = "consistent-hash"  # round-robin: the baseline of bench/router_bench.py
     fail_timeout_s: int = 10  # how long a failed replica is left out before nginx tries it again
     worker_processes: str = "1"  # "auto" in a container of its own
     read_timeout_s: int = 600  # a bulk request can queue behind other batches for minutes
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # bigger bodies get 413 from the front
+    admin_token: str | None = None  # None: the admin APIs answer 403 to everyone
 
     def validate(self) -> None:
         if self.balance not in BALANCES:
             raise ConfigError(f"balance must be one of {BALANCES}, got {self.balance!r}")
         if self.fail_timeout_s < 1:
             raise ConfigError(f"fail_timeout_s must be >= 1, got {self.fail_timeout_s}")
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
+        validate_admin_token(self.admin_token)
 
 
 def _header_variable(header: str) -> str:
@@ -67,6 +92,56 @@ def _upstream(name: str, addresses: list[str], hash_key: str | None, fail_timeou
     lines += [f"        server {a} max_fails=1 fail_timeout={fail_timeout_s}s;" for a in addresses]
     lines += ["        keepalive 16;", "    }"]
     return "\n".join(lines)
+
+
+def _json_error(status: int, message: str) -> str:
+    return f"return {status} '{{\"error\":\"{message}\"}}\\n';"
+
+
+def _admin_check(token: str | None, indent: str) -> list[str]:
+    """The lines that refuse an admin request without the token (`if` + `return` is safe in nginx)."""
+    if token is None:
+        return [indent + _json_error(403, f"admin APIs are closed: start prism serve with --admin-token "
+                                          f"and send it in {ADMIN_HEADER}")]
+    return [f"{indent}if ({_header_variable(ADMIN_HEADER)} != \"{token}\") {{",
+            indent + "    " + _json_error(403, f"admin API: send the admin token in {ADMIN_HEADER}"), f"{indent}}}"]
+
+
+def _http_proxy(tries: int, read_timeout_s: int) -> list[str]:
+    return [
+        "            proxy_pass http://$prism_http_pool;",
+        "            proxy_http_version 1.1;",
+        "            proxy_set_header Connection \"\";",
+        "            # A dead replica is skipped and the request retried on the next one of the ring.",
+        "            proxy_next_upstream error timeout http_502 http_503 http_504 non_idempotent;",
+        f"            proxy_next_upstream_tries {tries};",
+        "            proxy_connect_timeout 2s;",
+        f"            proxy_read_timeout {read_timeout_s}s;",
+        f"            proxy_send_timeout {read_timeout_s}s;",
+    ]
+
+
+def _grpc_proxy(tries: int, read_timeout_s: int) -> list[str]:
+    return [
+        "            grpc_pass grpc://$prism_grpc_pool;",
+        "            grpc_next_upstream error timeout http_502 http_503 http_504 non_idempotent;",
+        f"            grpc_next_upstream_tries {tries};",
+        "            grpc_connect_timeout 2s;",
+        f"            grpc_read_timeout {read_timeout_s}s;",
+        f"            grpc_send_timeout {read_timeout_s}s;",
+    ]
+
+
+def _metrics_server(replicas: list[Replica], listen: str) -> list[str]:
+    """Each replica's Prometheus text at /replicas/<i>/metrics; with one replica also at /metrics."""
+    lines = ["    server {", f"        listen {listen};", "        default_type text/plain;"]
+    paths = [(f"/replicas/{i}/metrics", r.metrics) for i, r in enumerate(replicas) if r.metrics]
+    if len(replicas) == 1 and replicas[0].metrics:
+        paths.append(("/metrics", replicas[0].metrics))
+    for path, address in paths:
+        lines.append(f"        location = {path} {{ proxy_pass http://{address}/metrics; }}")
+    lines += ["        location / { return 404; }", "    }"]
+    return lines
 
 
 def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: str | None) -> str:
@@ -90,8 +165,11 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
         access_log = f"{workdir}/access.log"
     http_servers = [r.http for r in replicas]
     grpc_servers = [r.grpc for r in replicas]
+    http_proxy = _http_proxy(tries, options.read_timeout_s)
+    grpc_proxy = _grpc_proxy(tries, options.read_timeout_s)
+    infer = "|".join(re.escape(m) for m in PUBLIC_MODELS)
     return "\n".join([
-        "# Prism router, rendered by client/router.py: nginx in front of the Prism replicas.",
+        "# Prism front, rendered by client/router.py: nginx in front of the Prism replicas, the only way in.",
         "daemon off;",
         f"worker_processes {options.worker_processes};",
         *process,
@@ -102,7 +180,11 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
         "                     'seconds=$request_time';",
         f"    access_log {access_log} prism;",
         *paths,
-        "    client_max_body_size 64m;",
+        "    # Whole bodies are read before anything is proxied, so tritonserver only ever receives a",
+        "    # Content-Length body: no chunked stream (Triton < 2.59 crashes on millions of tiny chunks).",
+        f"    client_max_body_size {options.max_request_bytes};",
+        "    proxy_request_buffering on;",
+        "    default_type application/json;",
         "",
         f"    # Requests carrying {ROUTE_HEADER} go to the replica their key hashes to; others round-robin.",
         f"    map {key} $prism_http_pool {{ \"\" prism_http_any; default prism_http_{keyed}; }}",
@@ -115,30 +197,44 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
         "    server {",
         f"        listen {options.http_listen};",
         "        location = /router/health { return 200 \"ok\\n\"; }",
-        "        location / {",
-        "            proxy_pass http://$prism_http_pool;",
-        "            proxy_http_version 1.1;",
-        "            proxy_set_header Connection \"\";",
-        "            # A dead replica is skipped and the request retried on the next one of the ring.",
-        "            proxy_next_upstream error timeout http_502 http_503 http_504 non_idempotent;",
-        f"            proxy_next_upstream_tries {tries};",
-        "            proxy_connect_timeout 2s;",
-        f"            proxy_read_timeout {options.read_timeout_s}s;",
-        f"            proxy_send_timeout {options.read_timeout_s}s;",
+        "        # Connection refused by every replica (all restarting): a retryable 503, never a bare 502.",
+        "        error_page 502 504 = @unavailable;",
+        "        location @unavailable {",
+        "            add_header Retry-After 5 always;",
+        "            " + _json_error(503, UNAVAILABLE_MESSAGE),
+        "        }",
+        "        error_page 413 = @too_large;",
+        "        location @too_large {",
+        "            " + _json_error(413, f"request body larger than {options.max_request_bytes} bytes "
+                                       "(prism serve --max-request-bytes)"),
+        "        }",
+        f"        location ~ ^/v2/models/({infer})(/versions/[0-9]+)?/infer$ {{",
+        *http_proxy,
         "            add_header x-prism-replica $upstream_addr always;",
         "        }",
+        f"        location ~ {ADMIN_HTTP_PATHS} {{",
+        *_admin_check(options.admin_token, "            "),
+        *http_proxy,
+        "        }",
+        f"        location ~ {PUBLIC_HTTP_PATHS} {{",
+        *http_proxy,
+        "            add_header x-prism-replica $upstream_addr always;",
+        "        }",
+        "        location / { " + _json_error(404, "not served by the Prism front") + " }",
         "    }",
         "    server {",
         f"        listen {options.grpc_listen} http2;",
-        "        location / {",
-        "            grpc_pass grpc://$prism_grpc_pool;",
-        "            grpc_next_upstream error timeout http_502 http_503 http_504 non_idempotent;",
-        f"            grpc_next_upstream_tries {tries};",
-        "            grpc_connect_timeout 2s;",
-        f"            grpc_read_timeout {options.read_timeout_s}s;",
-        f"            grpc_send_timeout {options.read_timeout_s}s;",
+        f"        location ~ {ADMIN_GRPC_METHODS} {{",
+        *_admin_check(options.admin_token, "            "),
+        f"            grpc_set_header {TRITON_GRPC_ADMIN_HEADER} {_header_variable(ADMIN_HEADER)};",
+        *grpc_proxy,
         "        }",
+        f"        location ~ {PUBLIC_GRPC_METHODS} {{",
+        *grpc_proxy,
+        "        }",
+        "        location / { return 404; }",
         "    }",
+        *(_metrics_server(replicas, options.metrics_listen) if options.metrics_listen else []),
         "}",
         "",
     ])
@@ -188,6 +284,7 @@ class NginxRouter:
     def write_conf(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.conf_path.write_text(render_nginx_conf(self.replicas, self.options, str(self.workdir)))
+        self.conf_path.chmod(0o600)  # it may hold the admin token
         check = subprocess.run(self._command("-t", "-q"), capture_output=True, text=True)
         if check.returncode != 0:
             raise ConfigError(f"nginx rejected {self.conf_path}: {check.stderr.strip()}")

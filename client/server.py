@@ -26,9 +26,12 @@ from prism_backend.paths import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, REPO_ROOT
 from prism_backend.processes import die_with_parent
 from prism_backend.reproducibility import MKL_CBWR_ENV
 
+from .security import triton_restriction_flags, validate_admin_token
+
 RUN_DIR = REPO_ROOT / ".run"
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass
@@ -44,6 +47,8 @@ class ServerOptions:
     model_control_explicit: bool = False
     max_batch_size: int | None = None  # prism_decision's; None keeps config.pbtxt's
     servers_on_machine: int = 1  # replicas sharing these cores (client/cluster.py), for the thread share
+    admin_token: str | None = None  # Triton's admin APIs need it (security.py); None: closed to all
+    queue_timeout_s: float | None = None  # prism_decision's queue policy timeout; None keeps config.pbtxt's
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -59,6 +64,9 @@ class ServerOptions:
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3:
             raise ConfigError(f"HTTP, gRPC and metrics ports must differ, got {ports}")
+        validate_admin_token(self.admin_token)
+        if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
+            raise ConfigError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
         if not (Path(self.model_dir) / "config.json").exists():
             raise ConfigError(f"--model-dir {self.model_dir} holds no Hugging Face checkpoint (config.json)")
 
@@ -91,6 +99,15 @@ def set_max_batch_size(config_text: str, size: int) -> str:
     return new_text
 
 
+def set_queue_timeout(config_text: str, seconds: float) -> str:
+    """Set default_timeout_microseconds of every queue policy (one per priority level)."""
+    new_text, n = re.subn(r"(default_timeout_microseconds:\s*)\d+", lambda m: m.group(1) + str(round(seconds * 1e6)),
+                          config_text)
+    if n == 0:
+        raise ConfigError("config.pbtxt has no queue policy with default_timeout_microseconds")
+    return new_text
+
+
 def render_model_repository(options: ServerOptions, target: Path) -> Path:
     """Copy model_repository/ to `target` with the options filled into its config.pbtxt files."""
     shutil.rmtree(target, ignore_errors=True)
@@ -105,6 +122,8 @@ def render_model_repository(options: ServerOptions, target: Path) -> Path:
             text = set_parameter(text, "tp_size", str(options.tp))
             if options.max_batch_size is not None:
                 text = set_max_batch_size(text, options.max_batch_size)
+            if options.queue_timeout_s is not None:
+                text = set_queue_timeout(text, options.queue_timeout_s)
             # Replicas, instances and their TP workers share the cores: give each process its share
             # of threads, or their OpenMP pools oversubscribe the machine and everything slows down.
             processes = options.servers_on_machine * options.instances * options.tp
@@ -180,6 +199,28 @@ def stop_with_parent() -> None:
     die_with_parent(signal.SIGTERM)
 
 
+def python_stubs(server_pid: int) -> list[int]:
+    """The Python-backend stub processes started by tritonserver `server_pid` (one per model instance)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _parent_of(int(entry.name)) == server_pid:
+            try:
+                if b"triton_python_backend_stub" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _parent_of(pid: int) -> int | None:
+    """Parent pid of a live process; None if it is gone or a zombie (exited, not yet reaped)."""
+    try:
+        state, ppid = (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2])
+    except (OSError, IndexError):
+        return None
+    return None if state in ("Z", "X") else int(ppid)
+
+
 class TritonServer:
     """A tritonserver process serving a rendered copy of Prism's model repository."""
 
@@ -190,6 +231,7 @@ class TritonServer:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="server-", dir=RUN_DIR))
         self.log_path = log_path or self.workdir / "tritonserver.log"
         self.process: subprocess.Popen | None = None
+        self.stubs: list[int] = []  # its Python-backend stubs once ready, watched by failure()
 
     def _backend_dir(self, paths: dict[str, Path]) -> Path:
         python_dir = self.workdir / "backends" / "python"
@@ -210,7 +252,10 @@ class TritonServer:
             f"--model-repository={repo}",
             f"--backend-directory={self._backend_dir(paths)}",
             f"--cache-directory={paths['caches']}",
+            # Loopback only: the nginx front (router.py) is the way in from anywhere else.
+            f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}", f"--metrics-address={LOOPBACK}",
             f"--http-port={o.http_port}", f"--grpc-port={o.grpc_port}", f"--metrics-port={o.metrics_port}",
+            *triton_restriction_flags(o.admin_token),
             "--allow-metrics=true", "--exit-timeout-secs=20",
         ]
         if o.model_control_explicit:
@@ -234,12 +279,24 @@ class TritonServer:
     def wait_ready(self, ready_timeout: float = READY_TIMEOUT_S) -> "TritonServer":
         if wait_until_serving(self.process, self.options.http_port, "/v2/health/ready", ready_timeout, 0.5,
                               lambda code: f"tritonserver exited with code {code}; last log lines:\n{self.log_tail()}"):
+            self.stubs = python_stubs(self.process.pid)
             return self
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; log:\n{self.log_tail()}")
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def failure(self) -> str | None:
+        """Why this server can no longer answer, or None: it exited, or one of its Python-backend
+        stubs died (the OOM killer, a crash in native code). Triton 2.51 neither restarts a dead
+        stub nor turns readiness false: every request would get HTTP 500 until a restart."""
+        if self.process is None:
+            return None
+        if self.process.poll() is not None:
+            return f"tritonserver exited with code {self.process.returncode}"
+        dead = [pid for pid in self.stubs if _parent_of(pid) != self.process.pid]
+        return f"Python-backend stub(s) {dead} died" if dead else None
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -251,17 +308,23 @@ class TritonServer:
         """SIGINT (graceful: Triton unloads models and ends their stubs), then SIGKILL the group."""
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
-        pgid = os.getpgid(self.process.pid)
         self.process.send_signal(signal.SIGINT)
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.process.wait()
-        try:  # stubs left behind by a crash
-            os.killpg(pgid, signal.SIGKILL)
+            pass
+        return self.kill()  # stubs left behind by a crash
+
+    def kill(self) -> int | None:
+        """SIGKILL the server and its stubs (its process group) at once: a server with a dead stub
+        would otherwise spend its whole exit timeout waiting for it."""
+        if self.process is None:
+            return None
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the group leader's pid is the group id
         except ProcessLookupError:
             pass
+        self.process.wait()
         return self.process.returncode
 
     def __enter__(self):

@@ -69,6 +69,9 @@ class EngineConfig:
     max_candidates: int = 16  # tasks with more options take the full-vocabulary fallback
     max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
     max_tasks_per_request: int = 32
+    # Checked before tokenizing (which costs ~1 s per MiB): a material at the model's whole context
+    # is at most max_context x the longest token's bytes (SmolLM2: 8192 x 81 B = 648 KiB).
+    max_material_bytes: int = 1024 * 1024
     tp_size: int = 1
     # How long the ranks of a tensor-parallel group wait for each other (the workers load their
     # shards meanwhile), and the timeout of the group's collectives.
@@ -91,8 +94,8 @@ class EngineConfig:
             raise ConfigError(
                 f"max_candidates must be between 2 and {self.max_options}, got {self.max_candidates}"
             )
-        for name, least in (("max_tasks_per_request", 1), ("tp_size", 1), ("tp_startup_timeout_s", 1),
-                            ("num_threads", 0), ("kv_block_tokens", 1)):
+        for name, least in (("max_tasks_per_request", 1), ("max_material_bytes", 1), ("tp_size", 1),
+                            ("tp_startup_timeout_s", 1), ("num_threads", 0), ("kv_block_tokens", 1)):
             if getattr(self, name) < least:
                 raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if not 0 <= self.smooth_alpha < 1:

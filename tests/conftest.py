@@ -142,7 +142,10 @@ def server(model_dir):
     # not invariant to how many rows a pass computes; the int8 servers test the cache
     options = ServerOptions(precision="fp32", http_port=free_port(), grpc_port=free_port(),
                             metrics_port=free_port(), model_dir=model_dir,
-                            extra_parameters={"prefix_cache_bytes": "0"})
+                            extra_parameters={"prefix_cache_bytes": "0"},
+                            # functional tests queue a few concurrent requests: on busy cores they must
+                            # not meet the overload policy's timeout (tests/test_security.py tests it)
+                            queue_timeout_s=600)
     srv = TritonServer(options)
     srv.start()
     yield srv

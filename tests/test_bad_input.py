@@ -38,6 +38,9 @@ BAD = {
                          "missing 'question'"),
     "too many tasks": ([text("material", ["m"]), text("tasks", ["team"] * 33)], "the limit is 32"),
     "too long": ([text("material", ["word " * 9000]), text("tasks", ["team"])], "context"),
+    # refused before tokenizing (tests/test_security.py times it)
+    "oversized material": ([text("material", ["x" * (1024 * 1024 + 1)]), text("tasks", ["team"])],
+                           "'material' is 1048577 bytes; the limit is 1048576 bytes"),
     "binary material": ([text("material", ["PK\u0003\u0004\u0000\u0000binary"]), text("tasks", ["team"])], "NUL"),
     "wrong datatype": ([{"name": "material", "shape": [1], "datatype": "INT32", "data": [5]},
                         text("tasks", ["team"])], "data-type"),

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -24,9 +25,10 @@ from conftest import REPO_ROOT, free_port, processes_with, wait_for
 from test_server import metric, scrape_url
 from prism_client.client import ROUTE_HEADER, PrismClient, route_key
 from prism_client.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
-from prism_client.server import stop_with_parent
+from prism_client.server import python_stubs, stop_with_parent
 from prism_backend.config import ConfigError
 
+ADMIN_TOKEN = "test-admin-token-0123456789"
 TICKETS = [json.loads(line)["material"] for line in open(REPO_ROOT / "evals" / "data" / "tickets.jsonl")]
 # ~250-token support threads: long enough to fill whole 128-token prefix-cache blocks
 THREADS = ["\n\n".join(TICKETS[4 * i : 4 * i + 4]) for i in range(12)]
@@ -102,19 +104,35 @@ def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(
     check = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+    # each pod: tritonserver on loopback with its admin APIs restricted, the same front as a sidecar
+    pod = docs[("StatefulSet", "prism")]["spec"]["template"]["spec"]["containers"]
+    triton, front = pod[0], pod[1]
+    assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(triton["command"])
+    assert any(a.startswith("--http-restricted-api=shared-memory,model-repository,trace,logging:x-prism-admin-token=$(")
+               for a in triton["command"])
+    assert triton["livenessProbe"]["exec"]["command"][:2] == ["prism", "health"]
+    pod_conf = docs[("ConfigMap", "prism-front")]["data"]["nginx.conf"]
+    assert "server 127.0.0.1:18000 max_fails=1" in pod_conf and "admin APIs are closed" in pod_conf
+    assert front["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    (tmp_path / "pod.conf").write_text(pod_conf)
+    check = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "pod.conf")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
 
 
 class Cluster:
-    """`prism serve --replicas 2` as a user starts it; addresses read from what it prints."""
+    """`prism serve [--replicas N]` as a user starts it; addresses read from what it prints."""
 
-    def __init__(self):
-        self.http_port, self.grpc_port = free_port(), free_port()
+    def __init__(self, replicas: int = 2, env: dict[str, str] | None = None, args: tuple[str, ...] = ()):
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.stderr_path = REPO_ROOT / ".run" / f"cluster-cli-{self.http_port}.log"
         self.stderr_path.parent.mkdir(exist_ok=True)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", "2",
-             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)],
+            [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", str(replicas),
+             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+             "--metrics-port", str(self.metrics_port), "--ready-timeout", "900", *args],
             stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
+            env={**os.environ, **(env or {})},
             preexec_fn=stop_with_parent,  # SIGTERM (a clean stop) if the test process dies
         )
         self.replicas: list[dict] = []
@@ -125,7 +143,7 @@ class Cluster:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter_until_ready(self.process.stdout)), daemon=True)
         reader.start()
-        reader.join(600)
+        reader.join(1200)
         if not lines or "ready" not in lines[-1]:
             self.process.kill()
             raise RuntimeError(f"cluster did not start: {lines}\n{self.stderr_path.read_text()[-3000:]}")
@@ -147,9 +165,37 @@ class Cluster:
         """tritonserver processes of replica `index` (their command line names its repository)."""
         return processes_with(b"tritonserver", f"{self.workdir}/replica-{index}/model_repository".encode())
 
+    def resident_bytes(self, index: int) -> int:
+        """Resident memory of replica `index`: its tritonserver and the stubs it started."""
+        total = 0
+        for pid in self.server_pids(index):
+            for p in [pid, *python_stubs(pid)]:
+                try:
+                    total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                except OSError:
+                    pass
+        return total
+
     def group_processes(self) -> list[int]:
         """Every process still running from this cluster's directory (servers, stubs, nginx)."""
         return processes_with(str(self.workdir).encode())
+
+
+def stop_cleanly(cluster: Cluster) -> float:
+    """Ctrl-C, as a user stops it: exit code 0, nothing left running. Returns the seconds it took."""
+    if cluster.process.poll() is not None:
+        return 0.0
+    started = time.monotonic()
+    cluster.process.send_signal(signal.SIGINT)
+    try:
+        assert cluster.process.wait(120) == 0
+    except subprocess.TimeoutExpired:
+        cluster.process.kill()  # its servers and router get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+        raise
+    took = time.monotonic() - started
+    assert "router and replicas stopped" in cluster.stderr_path.read_text()
+    assert wait_for(lambda: not cluster.group_processes(), 30)
+    return took
 
 
 def iter_until_ready(stream):
@@ -161,14 +207,9 @@ def iter_until_ready(stream):
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster()
+    c = Cluster(env={"PRISM_ADMIN_TOKEN": ADMIN_TOKEN})
     yield c
-    if c.process.poll() is None:  # a failed or deselected stop test: stop it the way Ctrl-C does
-        c.process.send_signal(signal.SIGINT)
-        try:
-            c.process.wait(120)
-        except subprocess.TimeoutExpired:
-            c.process.kill()  # its servers and router get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    stop_cleanly(c)  # a failed or deselected stop test: stop it the way Ctrl-C does
 
 
 def routed_entries(cluster, since: int, count: int | None = None) -> list[dict]:
@@ -278,6 +319,40 @@ def test_urgent_priority_is_accepted_end_to_end(cluster):
     assert batching["priority_levels"] == 2 and batching["default_priority_level"] == 2
 
 
+def test_front_rules_hold_through_the_router(cluster):
+    """The checks of tests/test_security.py, through `--replicas 2`: the same front, the same rules."""
+    from test_security import check_admin_apis_locked, check_chunked_flood, check_oversized_requests
+
+    check_chunked_flood(cluster.url, ADMIN_TOKEN)
+    check_admin_apis_locked(cluster.url, f"127.0.0.1:{cluster.grpc_port}", ADMIN_TOKEN)
+    check_oversized_requests(cluster.url)
+    for index in range(2):
+        assert wait_for(lambda: all(cluster.server_pids(i) for i in range(2)), 5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/replicas/{index}/metrics") as r:
+            assert b"prism_requests_total" in r.read()
+
+
+def test_dead_stub_of_one_replica_fails_over_then_heals(cluster):
+    """SIGKILL of one replica's decision stub: its keys are answered by the other replica with the
+    same bits, and `prism serve` restarts it."""
+    client = PrismClient(cluster.url)
+    start = len(read_access_log(cluster.access_log))
+    expected = client.decide(THREADS[2], ["team"])[0]
+    victim = cluster.replica_of(routed_entries(cluster, start, 1)[0]["upstream"])
+    (pid,) = cluster.server_pids(victim)
+    (stub,) = [s for s in python_stubs(pid) if b"prism_decision" in Path(f"/proc/{s}/cmdline").read_bytes()]
+    os.kill(stub, signal.SIGKILL)
+    assert wait_for(lambda: cluster.server_pids(victim) != [pid], 10)  # the launcher noticed: killed, restarting
+    start = len(read_access_log(cluster.access_log))
+    again = [client.decide(THREADS[2], ["team"])[0] for _ in range(3)]  # meanwhile: the other replica
+    assert all(d.probabilities == expected.probabilities for d in again)
+    survivor = cluster.replicas[1 - victim]["http"]
+    assert all(e["upstream"].split(", ")[-1] == survivor for e in routed_entries(cluster, start, 3))
+    healed = PrismClient(cluster.replicas[victim]["http"])
+    assert wait_for(lambda: f"replica {victim} failed" in cluster.stderr_path.read_text() and healed.is_ready(), 900)
+    assert healed.decide(THREADS[2], ["team"])[0].probabilities == expected.probabilities
+
+
 def test_killed_replica_is_taken_out_then_restarted(cluster):
     client = PrismClient(cluster.url)
     start = len(read_access_log(cluster.access_log))
@@ -301,7 +376,7 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
     for material, got in zip(THREADS[:6], routed):
         assert got.probabilities == reference.decide(material, ["team"])[0].probabilities
     # `prism serve --replicas` notices and starts the replica again on its ports
-    assert wait_for(lambda: f"replica {victim} had exited" in cluster.stderr_path.read_text(), 300)
+    assert wait_for(lambda: f"replica {victim} failed (tritonserver exited" in cluster.stderr_path.read_text(), 300)
     again = PrismClient(cluster.replicas[victim]["http"])
     assert wait_for(again.is_ready, 60)
     assert again.decide(THREADS[0], ["team"])[0].probabilities == client.decide(THREADS[0], ["team"])[0].probabilities
@@ -309,7 +384,4 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
 
 def test_stop_ends_router_and_every_replica(cluster):
     assert cluster.group_processes()  # nginx, two tritonservers, their stubs
-    cluster.process.send_signal(signal.SIGINT)
-    assert cluster.process.wait(120) == 0
-    assert "router and replicas stopped" in cluster.stderr_path.read_text()
-    assert wait_for(lambda: not cluster.group_processes(), 30)
+    assert stop_cleanly(cluster) < 20  # no server waits out its exit timeout
