@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR := .models/SmolLM2-135M-Instruct
 ARGS ?=
 
-.PHONY: setup serve test eval bench clean
+.PHONY: setup serve export-repository test eval bench clean
 setup: $(VENV)/.deps-installed $(VENV)/.debian-packages $(MODEL_DIR)/.prism-converted
 
 $(PY):
@@ -33,6 +33,11 @@ $(MODEL_DIR)/.prism-converted: $(VENV)/.deps-installed
 
 serve: setup
 	$(VENV)/bin/prism serve $(ARGS)
+
+# A self-contained model repository for an existing Triton (docs/deploy.md): make export-repository OUT=dir ARGS="--precision fp32"
+OUT ?= .run/prism-repository
+export-repository: setup
+	$(VENV)/bin/prism export-repository $(OUT) $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q -ra $(ARGS)

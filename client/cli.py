@@ -36,11 +36,8 @@ def cmd_setup(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    options = ServerOptions(
-        precision=args.precision, instances=args.instances, tp=args.tp,
-        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-        model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size,
-    )
+    options = _repository_options(args, http_port=args.http_port, grpc_port=args.grpc_port,
+                                  metrics_port=args.metrics_port)
     if args.replicas > 1:
         return serve_cluster(args, options)
     server = TritonServer(options)
@@ -143,21 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
     setup.set_defaults(func=cmd_setup)
 
     serve = sub.add_parser("serve", help="start tritonserver on the Prism model repository")
-    serve.add_argument("--precision", choices=PRECISIONS, default="int8")
-    serve.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
-    serve.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
+    _add_repository_flags(serve)
     serve.add_argument("--replicas", type=_positive_int, default=1,
                        help="independent servers behind an nginx router on the HTTP/gRPC ports")
     serve.add_argument("--balance", choices=BALANCES, default="consistent-hash",
                        help="router policy with --replicas (consistent-hash on the material)")
-    serve.add_argument("--max-batch-size", type=_positive_int, default=None,
-                       help="prism_decision's max_batch_size (default: config.pbtxt's)")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
-                       help="Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
     serve.set_defaults(func=cmd_serve)
+
+    export = sub.add_parser("export-repository",
+                            help="write a self-contained model repository for an existing Triton (docs/deploy.md)")
+    export.add_argument("out", type=Path, help="new folder to write")
+    _add_repository_flags(export)
+    export.set_defaults(func=cmd_export_repository)
 
     decide = sub.add_parser("decide", help="ask a running server for decisions about a document")
     decide.add_argument("--material", required=True, help="file holding the document")
@@ -188,6 +185,43 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on, e.g. --repeats 5 --quick")
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _add_repository_flags(parser: argparse.ArgumentParser) -> None:
+    """How the model repository is rendered: the same flags for `serve` and `export-repository`."""
+    parser.add_argument("--precision", choices=PRECISIONS, default="int8")
+    parser.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
+    parser.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
+    parser.add_argument("--max-batch-size", type=_positive_int, default=None,
+                        help="prism_decision's max_batch_size (default: config.pbtxt's)")
+    parser.add_argument("--parameter", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                        help="a prism_decision config.pbtxt parameter (prefix_cache_bytes=0, act_passes=1, ...)")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help="Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _repository_options(args, **ports) -> ServerOptions:
+    return ServerOptions(precision=args.precision, instances=args.instances, tp=args.tp,
+                         model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size,
+                         extra_parameters=dict(args.parameter), **ports)
+
+
+def cmd_export_repository(args) -> int:
+    from .export import export_repository
+
+    start = time.monotonic()
+    out = export_repository(_repository_options(args), args.out, log=lambda m: print(m, file=sys.stderr))
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"prism: exported {out} ({size / 2**30:.2f} GiB, {time.monotonic() - start:.0f} s); "
+          f"serve it with: tritonserver --model-repository={out.resolve()}")
+    return 0
 
 
 def cmd_k8s(args) -> int:
