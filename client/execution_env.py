@@ -60,19 +60,22 @@ export PRISM_PYTHON="$PRISM_ENV/bin/python{version}"
 def runtime_requirements() -> list[str]:
     """Prism's own requirements minus the launcher's, each pinned to the version installed here, plus
     their dependencies pinned the same way, so the models run on the very packages `prism serve` uses."""
-    wanted = [r for r in importlib.metadata.requires(DISTRIBUTION) or [] if "extra ==" not in r]
-    names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in wanted]
-    direct = [n for n in names if _canonical(n) not in LAUNCHER_ONLY]
-    pinned, todo = {}, list(direct)
+    from packaging.requirements import Requirement
+
+    def needed(text: str) -> Requirement | None:  # None: an extra, or another platform's
+        req = Requirement(text)
+        return req if req.marker is None or req.marker.evaluate({"extra": ""}) else None
+
+    direct = [r.name for r in map(needed, importlib.metadata.requires(DISTRIBUTION) or []) if r]
+    pinned: dict[str, str] = {}
+    todo = [n for n in direct if _canonical(n) not in LAUNCHER_ONLY]
     while todo:
         name = _canonical(todo.pop())
         if name in pinned:
             continue
         dist = importlib.metadata.distribution(name)
         pinned[name] = f"{name}=={dist.version}"
-        for req in dist.requires or []:
-            if "extra ==" not in req:
-                todo.append(re.match(r"[A-Za-z0-9_.-]+", req).group(0))
+        todo += [r.name for r in map(needed, dist.requires or []) if r]
     return sorted(pinned.values())
 
 

@@ -61,14 +61,25 @@ def export_repository(options: ServerOptions, out: Path, env_cache: Path | None 
         raise ConfigError(f"{out} already exists; export into a new folder")
     staging = out.with_name(out.name + ".partial")  # renamed at the end: never a half-written export
     shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _write(options, staging, env_cache, log)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    staging.rename(out)
+    return out
+
+
+def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -> None:
     render_model_repository(options, staging)
     _copy_checkpoint(Path(options.model_dir), staging / CHECKPOINT)
     for name in ENGINE_MODELS:
         relative = os.path.relpath(staging / CHECKPOINT, staging / name)
         _edit_config(staging / name, lambda text: set_parameter(text, "model_dir", relative))
     stub = triton_install()["stub"]
+    env_path = f"$$TRITON_MODEL_DIRECTORY/../{ENV_ARCHIVE}"
     for model in _python_models(staging):
-        _edit_config(model, lambda text: add_parameter(text, "EXECUTION_ENV_PATH", f"$$TRITON_MODEL_DIRECTORY/../{ENV_ARCHIVE}"))
+        _edit_config(model, lambda text: add_parameter(text, "EXECUTION_ENV_PATH", env_path))
         shutil.copy2(stub, model / STUB)
         for package in ENGINE_PACKAGES:
             shutil.copytree(_package_dir(package), model / package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -76,8 +87,6 @@ def export_repository(options: ServerOptions, out: Path, env_cache: Path | None 
     archive = packed_environment(MODEL_ENVIRONMENT, env_cache, log=log)
     _link_or_copy(archive, staging / ENV_ARCHIVE)
     (staging / MANIFEST).write_text(json.dumps(manifest(options, staging), indent=2, sort_keys=True) + "\n")
-    staging.rename(out)
-    return out
 
 
 def add_parameter(config_text: str, key: str, value: str) -> str:
