@@ -37,7 +37,7 @@ def cmd_setup(args) -> int:
 
 def cmd_serve(args) -> int:
     options = _repository_options(args, http_port=args.http_port, grpc_port=args.grpc_port,
-                                  metrics_port=args.metrics_port)
+                                  metrics_port=args.metrics_port, repository=args.repository)
     if args.replicas > 1:
         return serve_cluster(args, options)
     server = TritonServer(options)
@@ -145,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="independent servers behind an nginx router on the HTTP/gRPC ports")
     serve.add_argument("--balance", choices=BALANCES, default="consistent-hash",
                        help="router policy with --replicas (consistent-hash on the material)")
+    serve.add_argument("--repository", type=Path, default=None,
+                       help="serve an exported repository (prism export-repository) as it is; its flags were set at export")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
@@ -177,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     k8s = sub.add_parser("k8s", help="print the --replicas layout as Kubernetes manifests (router as entry point)")
     k8s.add_argument("--replicas", type=_positive_int, default=2)
-    k8s.add_argument("--image", default="prism:latest", help="an image holding this repository and the model")
+    k8s.add_argument("--image", default="prism:latest",
+                     help="NVIDIA's Triton image with an exported repository at /models (deploy/Dockerfile)")
     k8s.add_argument("--namespace", default="default")
     k8s.set_defaults(func=cmd_k8s)
 
@@ -207,10 +210,11 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _repository_options(args, **ports) -> ServerOptions:
+def _repository_options(args, **server) -> ServerOptions:
+    exported = server.get("repository") is not None  # it carries its own checkpoint
     return ServerOptions(precision=args.precision, instances=args.instances, tp=args.tp,
-                         model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size,
-                         extra_parameters=dict(args.parameter), **ports)
+                         model_dir=args.model_dir if exported else ensure_model(args.model_dir),
+                         max_batch_size=args.max_batch_size, extra_parameters=dict(args.parameter), **server)
 
 
 def cmd_export_repository(args) -> int:

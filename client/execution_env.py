@@ -146,8 +146,14 @@ def build_prefix(prefix: Path, model_environment: dict[str, str]) -> None:
     # without .pyc files every server start would compile torch and transformers again.
     python = prefix / "bin" / f"python{version}"
     env = {"PYTHONHOME": str(prefix), "LD_LIBRARY_PATH": str(prefix / "lib"), "PATH": os.environ.get("PATH", "")}
+    # Not checked: a few packages ship files that are not Python 3 (templates, test data).
     subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
-                    str(prefix / "lib" / f"python{version}")], check=True, env=env, stdout=subprocess.DEVNULL)
+                    str(prefix / "lib" / f"python{version}")], env=env, stdout=subprocess.DEVNULL)
+    # The installation must stand alone: nothing from this machine's Python on the path.
+    done = subprocess.run([str(python), "-I", "-c", "import numpy, torch, transformers, tokenizers, safetensors, triton"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the execution environment at {prefix} cannot import the engine's packages:\n{done.stderr}")
 
 
 def _copy_linked_libraries(prefix: Path, elf_files: list[Path]) -> None:

@@ -47,6 +47,8 @@ class ServerOptions:
     model_control_explicit: bool = False
     max_batch_size: int | None = None  # prism_decision's; None keeps config.pbtxt's
     servers_on_machine: int = 1  # replicas sharing these cores (client/cluster.py), for the thread share
+    # An exported repository (client/export.py) to serve as it is, instead of rendering model_repository/
+    repository: Path | None = None
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -62,7 +64,10 @@ class ServerOptions:
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3:
             raise ConfigError(f"HTTP, gRPC and metrics ports must differ, got {ports}")
-        if not (Path(self.model_dir) / "config.json").exists():
+        if self.repository is not None:
+            if not (Path(self.repository) / "prism" / "config.pbtxt").exists():
+                raise ConfigError(f"--repository {self.repository} holds no Prism model repository (prism/config.pbtxt)")
+        elif not (Path(self.model_dir) / "config.json").exists():
             raise ConfigError(f"--model-dir {self.model_dir} holds no Hugging Face checkpoint (config.json)")
 
 
@@ -218,7 +223,8 @@ class TritonServer:
 
     def command(self) -> list[str]:
         paths = triton_install()
-        repo = render_model_repository(self.options, self.workdir / "model_repository")
+        repo = Path(self.options.repository).resolve() if self.options.repository else \
+            render_model_repository(self.options, self.workdir / "model_repository")
         o = self.options
         cmd = [
             str(paths["server"]),
