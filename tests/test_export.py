@@ -32,6 +32,18 @@ def served_parameters(server) -> dict[str, str]:
     return dict(PARAMETER.findall(text))
 
 
+def container_like_backends(paths: dict[str, Path], target: Path) -> Path:
+    """backends/python as NVIDIA's 24.10 container has it: the backend with a stub for the container's
+    Python, 3.10, not the 3.11 of the exported environment (the backend refuses to start without a
+    stub of its own; the models must bring theirs)."""
+    python = target / "python"
+    python.mkdir(parents=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (python / name).symlink_to(paths["backend"] / name)
+    (python / "triton_python_backend_stub").symlink_to(paths["stub"].parent.parent / "3.10" / paths["stub"].name)
+    return target
+
+
 class BareTriton:
     """tritonserver with nothing from Prism around it: `env -i`, no PYTHONPATH, another cwd."""
 
@@ -42,7 +54,8 @@ class BareTriton:
         command = [
             "env", "-i", f"LD_LIBRARY_PATH={paths['libs']}",  # the server binary's own libraries
             str(paths["server"]), f"--model-repository={repository}",
-            f"--backend-directory={paths['backend'].parent}", f"--cache-directory={paths['caches']}",
+            f"--backend-directory={container_like_backends(paths, cwd / 'backends')}",
+            f"--cache-directory={paths['caches']}",
             f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={metrics_port}",
         ]
         with open(self.log, "wb") as log:
@@ -55,11 +68,12 @@ class BareTriton:
         assert ready, f"not ready after {timeout} s:\n{self.log.read_text()[-4000:]}"
 
     def stop(self) -> None:
-        """SIGINT: Triton unloads the models and deletes the environment it extracted to /tmp."""
+        """SIGINT: Triton unloads the models and deletes the environment it extracted to /tmp
+        (2.2 GB: give it time)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
-                self.process.wait(90)
+                self.process.wait(240)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
