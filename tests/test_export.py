@@ -161,3 +161,17 @@ def test_export_refuses_an_unknown_parameter(tmp_path):
                            "--parameter", "no_such_knob=1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no_such_knob" in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_prism_serve_takes_an_exported_repository_as_it_is(tmp_path):
+    """`prism serve --repository DIR` starts tritonserver on DIR itself: nothing rendered, nothing copied."""
+    from prism_client.server import ServerOptions, TritonServer
+
+    (tmp_path / "repo" / "prism").mkdir(parents=True)
+    (tmp_path / "repo" / "prism" / "config.pbtxt").write_text('name: "prism"\n')
+    server = TritonServer(ServerOptions(repository=tmp_path / "repo"), workdir=tmp_path / "work")
+    assert f"--model-repository={(tmp_path / 'repo').resolve()}" in server.command()
+    assert not (tmp_path / "work" / "model_repository").exists()
+    done = subprocess.run([sys.executable, "-m", "prism_client.cli", "serve", "--repository", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "holds no Prism model repository" in done.stderr
