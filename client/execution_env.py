@@ -146,9 +146,11 @@ def build_prefix(prefix: Path, model_environment: dict[str, str]) -> None:
     # without .pyc files every server start would compile torch and transformers again.
     python = prefix / "bin" / f"python{version}"
     env = {"PYTHONHOME": str(prefix), "LD_LIBRARY_PATH": str(prefix / "lib"), "PATH": os.environ.get("PATH", "")}
+    # `-s prefix`: the .pyc files record paths relative to the installation, not this build's temporary
+    # folder, so two builds give the same bytes (imports put the real path back: _imp._fix_co_filename).
     # Not checked: a few packages ship files that are not Python 3 (templates, test data).
     subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
-                    str(prefix / "lib" / f"python{version}")], env=env, stdout=subprocess.DEVNULL)
+                    "-s", str(prefix), str(prefix / "lib" / f"python{version}")], env=env, stdout=subprocess.DEVNULL)
     # The installation must stand alone: nothing from this machine's Python on the path.
     done = subprocess.run([str(python), "-I", "-c", "import numpy, torch, transformers, tokenizers, safetensors, triton"],
                           env=env, capture_output=True, text=True)
