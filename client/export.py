@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import re
@@ -35,8 +34,8 @@ from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.serving import model_parameters
 
 from .execution_env import DISTRIBUTION, packed_environment, python_version
-from .server import (ENGINE_MODELS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions, render_model_repository,
-                     set_parameter, triton_install)
+from .server import (ENGINE_MODELS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions, _package_dir,
+                     render_model_repository, set_parameter, triton_install)
 
 MANIFEST = "prism_export.json"
 ENV_ARCHIVE = "prism_env.tar.gz"
@@ -104,11 +103,6 @@ def _python_models(repository: Path) -> list[Path]:
     return sorted(p.parent for p in repository.glob("*/config.pbtxt") if 'backend: "python"' in p.read_text())
 
 
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def _copy_checkpoint(model_dir: Path, target: Path) -> None:
     target.mkdir(parents=True)
     for path in sorted(model_dir.iterdir()):
@@ -139,7 +133,8 @@ def manifest(options: ServerOptions, repository: Path) -> dict:
     checkpoint = repository / CHECKPOINT
     return {
         "prism_version": importlib.metadata.version(DISTRIBUTION),
-        "prism_commit": _git_commit(),
+        "prism_commit": _git(["rev-parse", "HEAD"]),
+        "prism_files_modified_since_commit": bool(_git(["status", "--porcelain", "--untracked-files=no"])),
         "checkpoint": {
             "source": Path(options.model_dir).name,
             "sha256": {p.name: _sha256(p) for p in sorted(checkpoint.iterdir())},
@@ -151,8 +146,9 @@ def manifest(options: ServerOptions, repository: Path) -> dict:
     }
 
 
-def _git_commit() -> str | None:
-    done = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+def _git(args: list[str]) -> str | None:
+    """Output of a git command in the checkout, or None where Prism was installed without one."""
+    done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else None
 
 
