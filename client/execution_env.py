@@ -148,8 +148,9 @@ def build_prefix(prefix: Path, model_environment: dict[str, str]) -> None:
     env = {"PYTHONHOME": str(prefix), "LD_LIBRARY_PATH": str(prefix / "lib"), "PATH": os.environ.get("PATH", "")}
     # `-s prefix`: the .pyc files record paths relative to the installation, not this build's temporary
     # folder, so two builds give the same bytes (imports put the real path back: _imp._fix_co_filename).
+    # `-f`: also recompile what compileall's own imports just wrote with timestamps and absolute paths.
     # Not checked: a few packages ship files that are not Python 3 (templates, test data).
-    subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
+    subprocess.run([str(python), "-m", "compileall", "-q", "-f", "-j", "0", "--invalidation-mode", "unchecked-hash",
                     "-s", str(prefix), str(prefix / "lib" / f"python{version}")], env=env, stdout=subprocess.DEVNULL)
     # The installation must stand alone: nothing from this machine's Python on the path.
     done = subprocess.run([str(python), "-I", "-c", "import numpy, torch, transformers, tokenizers, safetensors, triton"],
