@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism_backend.config import PRECISIONS, ConfigError
+from prism_backend.reproducibility import MKL_CBWR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
@@ -158,6 +159,7 @@ def server_environment(paths: dict[str, Path]) -> dict[str, str]:
     for key, value in MODEL_ENVIRONMENT.items():
         env.setdefault(key, value)
     env["PRISM_PYTHON"] = sys.executable  # tensor-parallel workers: inside the stub, sys.executable is not Python
+    env["MKL_CBWR"] = MKL_CBWR_ENV  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
     return env
 
 

@@ -9,7 +9,6 @@ same invariance, and reads each shared prefix once for all its branches.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .forest import Segment
 from .quant import use_triton
@@ -19,16 +18,28 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal
     """q: (Lq, Hq, D); k, v: (Lk, Hkv, D) -> (Lq, Hq, D).
 
     With `causal`, query i sees keys [0, prefix + i]; otherwise every key.
+
+    Thread-count invariance, by construction: this is torch's CPU flash-attention kernel called
+    directly (not through F.scaled_dot_product_attention's backend choice). It splits its work
+    into (head, block of query rows) items, each run start to end by one thread: the query block's
+    keys in fixed blocks of 512 from the first, an online softmax in that order, and two sgemm
+    calls per key block. Which thread runs an item never changes its arithmetic, and the sgemm
+    calls reduce in a thread-count-independent order because MKL runs in strict CNR mode
+    (reproducibility.py). The kernel wants as many K/V heads as query heads, so GQA groups are expanded.
     """
     lq, lk = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    own_rows_only = causal and lq > 1 and prefix == 0  # the kernel's causal mode: query i sees keys [0, i]
     mask = None
-    if causal and lq > 1:
-        # (Lq, Lk): the ancestors (first `prefix` keys) are all visible; own rows causally.
-        mask = torch.arange(lk)[None, :] <= (prefix + torch.arange(lq))[:, None]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
-    )  # (1, Hq, Lq, D)
+    if causal and lq > 1 and prefix > 0:  # (Lq, Lk) additive: all `prefix` ancestors, own rows causally
+        visible = torch.arange(lk)[None, :] <= (prefix + torch.arange(lq))[:, None]
+        mask = torch.zeros(lq, lk).masked_fill_(~visible, float("-inf"))
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, own_rows_only,
+        attn_mask=mask,
+    )[0]  # (1, Hq, Lq, D)
     return out[0].transpose(0, 1)
 
 

@@ -58,6 +58,17 @@ def engine_self_check(score_batch, requests: list) -> tuple[bool, dict[str, list
     return all(d == reference for d in results.values()), results
 
 
+def thread_count_check(score_at, requests: list, configured: int) -> tuple[bool, dict[int, list[str]]]:
+    """score_at(requests, threads) -> per-request probability lists, every block recomputed at that
+    thread count. Compares the configured count with one thread (with two when it is one), so a
+    machine whose kernels reduce in a thread-dependent order says so at start.
+
+    Returns (identical, digests per thread count in request order)."""
+    other = 2 if configured == 1 else 1
+    results = {threads: [digest(p) for p in score_at(requests, threads)] for threads in (configured, other)}
+    return results[configured] == results[other], results
+
+
 def synthetic_requests(vocab_size: int, seed: int = 0) -> list:
     """Token-id requests for the decision step's startup self-check (it has no tokenizer):
     a shared root, two trunks, one shared by two requests, branches of varied lengths."""

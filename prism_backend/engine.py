@@ -16,6 +16,7 @@ from .config import EngineConfig
 from .errors import RequestError
 from .forest import ForestStats
 from .prompt import EncodedRequest
+from .reproducibility import torch_threads
 from .runner import ForestRunner, build_model
 from .scoring import FULL_VOCABULARY, score_answer
 from .tp_worker import TPWorkers
@@ -96,7 +97,12 @@ class DecisionEngine:
             if bad:
                 raise RequestError(f"{name} token id {bad[0]} is outside the vocabulary [0, {vocab})")
 
-    def score(self, requests: list[EncodedRequest]) -> tuple[list[list[TaskScore] | RequestError], ForestStats]:
+    def score(self, requests: list[EncodedRequest], use_cache: bool = True,
+              threads: int = 0) -> tuple[list[list[TaskScore] | RequestError], ForestStats]:
+        """Score each valid request; an invalid one gets its RequestError. use_cache=False computes
+        every block and leaves the prefix cache as it was; threads > 0 runs this forward (on every
+        TP rank) at that thread count instead of the configured one. Both exist for the startup
+        self-check, which must compare recomputed results at two thread counts."""
         results: list[list[TaskScore] | RequestError | None] = [None] * len(requests)
         valid = []
         for i, req in enumerate(requests):
@@ -109,10 +115,10 @@ class DecisionEngine:
             return results, ForestStats(requests=0)
 
         batch = [requests[i] for i in valid]
-        with self._lock:
+        with self._lock, torch_threads(threads):
             if self.workers is not None:
-                self.workers.broadcast(batch)  # every rank runs the same forest
-            forest, hidden = self.runner.forward(batch)  # (A, H)
+                self.workers.broadcast((batch, use_cache, threads))  # every rank runs the same forest
+            forest, hidden = self.runner.forward(batch, use_cache)  # (A, H)
         stats = forest.stats
         with torch.inference_mode():
             for i, answers in zip(valid, forest.answers):

@@ -6,7 +6,6 @@ rows are in the batch.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -38,7 +37,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x), written with torch.exp rather than F.silu: F.silu's vectorised loop and its
+    scalar loop (the last < 16 elements of each thread's share of the tensor) round differently in
+    ~4% of values, so with F.silu an element's bits depend on where the thread split falls, i.e. on
+    the thread count. torch.exp gives every element the same bits wherever it sits (checked in
+    tests/test_thread_invariance.py), and negation, addition and division are exact IEEE steps."""
+    return x / (1.0 + torch.exp(-x))
+
+
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up: (N, 2 I) with gate first -> (N, I)."""
     gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return silu(gate) * up

@@ -13,7 +13,8 @@ INT8 scheme (W8A8):
   product      int8 x int8 accumulated in int32 (exact: equal to an int64 matmul), then
                dequantised in fp32 as (sum_p acc_p * x_scale_p) * w_scale
                (+ (acc_res * x_scale_1) * w_res_scale): on CPU tensors by
-               `torch._int_mm` + torch (kernels.int8_gemm.int8_gemm_reference), on CUDA tensors by
+               exact int32 products (int_matmul.py: `torch._int_mm`, or an exact fp32 GEMM on CPUs
+               without VNNI) + torch, as kernels.int8_gemm.int8_gemm_reference; on CUDA tensors by
                the Triton-lang kernel with the dequantisation fused into its epilogue.
 Every step is row-wise or exact, so a token's output bits never depend on the other rows.
 """
@@ -22,7 +23,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.int8_gemm import dequantize, int8_gemm_reference
+from kernels.int8_gemm import dequantize
+
+from .int_matmul import ExactWeight
 
 QMAX = 127.0
 
@@ -64,13 +67,13 @@ class Int8Linear:
             raise ValueError(f"weight_passes must be 1 or 2, got {weight_passes}")
         self.group = group
         self.w_scale, w_q = self._quantize_weight(weight)  # (out,), (out, in)
-        self.w_q = w_q.to(torch.int8).t().contiguous()  # (in, out)
+        self.w_q = ExactWeight(w_q.to(torch.int8).t().contiguous())  # (in, out)
         self.w_res = self.w_res_scale = None
         if weight_passes == 2:
             # separate multiply and subtract (no fused multiply-add): the same bits in every shard
             residual = weight - w_q * self.w_scale[:, None]  # (out, in), |residual| <= w_scale / 2
             self.w_res_scale, r_q = self._quantize_weight(residual)
-            self.w_res = r_q.to(torch.int8).t().contiguous()  # (in, out)
+            self.w_res = ExactWeight(r_q.to(torch.int8).t().contiguous())  # (in, out)
         self.bias = bias
         self.act_passes = act_passes
         self.kernels = kernels
@@ -105,20 +108,18 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x_q, x_scale = self.quantize_activations(x)  # (passes * M, in), (passes * M, 1)
-        if self.group is not None:
-            acc = torch._int_mm(x_q, self.w_q)  # (passes * M, out)
-            if self.w_res is not None:  # one all-reduce for both products
-                acc = torch.cat([acc, torch._int_mm(x_q[: x.shape[0]], self.w_res)])
-            acc = self.group.all_reduce_sum(acc)  # exact int32 sum of the slices
-            acc, acc_res = (acc, None) if self.w_res is None else acc.split([len(x_q), x.shape[0]])
-            return dequantize(acc, x_scale, self.w_scale, self.bias, self.act_passes, acc_res, self.w_res_scale)
-        if use_triton(self.kernels, x):
+        if use_triton(self.kernels, x) and self.group is None:
             from kernels.int8_gemm import int8_gemm
 
-            return int8_gemm(x_q, self.w_q, x_scale, self.w_scale, self.bias, self.act_passes,
-                             self.w_res, self.w_res_scale)
-        return int8_gemm_reference(x_q, self.w_q, x_scale, self.w_scale, self.bias, self.act_passes,
-                                   self.w_res, self.w_res_scale)
+            return int8_gemm(x_q, self.w_q.int8, x_scale, self.w_scale, self.bias, self.act_passes,
+                             None if self.w_res is None else self.w_res.int8, self.w_res_scale)
+        # the exact int32 products of kernels.int8_gemm.int8_gemm_reference, by this CPU's route
+        acc = self.w_q.matmul(x_q)  # (passes * M, out)
+        acc_res = None if self.w_res is None else self.w_res.matmul(x_q[: x.shape[0]])  # (M, out)
+        if self.group is not None:  # row-parallel: one all-reduce for both products, an exact int32 sum
+            summed = self.group.all_reduce_sum(acc if acc_res is None else torch.cat([acc, acc_res]))
+            acc, acc_res = (summed, None) if acc_res is None else summed.split([len(x_q), x.shape[0]])
+        return dequantize(acc, x_scale, self.w_scale, self.bias, self.act_passes, acc_res, self.w_res_scale)
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str, act_passes: int = 1,

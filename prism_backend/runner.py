@@ -15,6 +15,7 @@ from .loader import ModelSpec, load_hf_config, load_model, spec_from_config
 from .model import ForestTransformer
 from .prefix_cache import CacheEntry, PrefixCache
 from .prompt import EncodedRequest
+from .reproducibility import torch_threads
 from .tp import TPGroup, local_spec, plan_shards, shard_stats
 
 
@@ -30,12 +31,8 @@ def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[di
     forests = [build_forest([r], block_tokens=spec.max_context) for r in calibration_requests(tokenizer)]
     # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
     # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return calibrate(ForestTransformer(spec, weights, "fp32"), forests)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def build_model(config: EngineConfig, group: TPGroup | None = None):
@@ -82,12 +79,13 @@ class ForestRunner:
         if config.prefix_cache_bytes:
             self.cache = PrefixCache(config.prefix_cache_bytes, full_kv_bytes_per_token(spec))
 
-    def forward(self, requests: list[EncodedRequest]) -> tuple[Forest, torch.Tensor]:
+    def forward(self, requests: list[EncodedRequest], use_cache: bool = True) -> tuple[Forest, torch.Tensor]:
         """Answer states (A, H) of the forest of `requests`: cached blocks' K/V from the cache, the
         rest computed in chunks of at most prefill_chunk_tokens rows (whole segments), each given
         the K/V before it. Every segment sees the same inputs whichever way the rows are split, so
-        the bits agree."""
-        forest = build_forest(requests, self.config.kv_block_tokens, self.cache)
+        the bits agree. use_cache=False computes everything and leaves the cache untouched."""
+        cache = self.cache if use_cache else None
+        forest = build_forest(requests, self.config.kv_block_tokens, cache)
         segments = forest.segments
         past = None
         if forest.cached_entries:  # per layer (cached rows, Hkv, D)
@@ -101,7 +99,7 @@ class ForestRunner:
             hidden.append(h)
         forest.stats.chunks = len(chunks)
         forest.stats.max_chunk_rows = max(sum(segments[i].length for i in c) for c in chunks)
-        if self.cache is not None:
+        if cache is not None:
             self._remember(forest, past)
         return forest, torch.cat(hidden)
 

@@ -19,7 +19,14 @@ def score_answer(hidden: torch.Tensor, lm_head: torch.Tensor, candidates: tuple[
     """
     index = torch.tensor(candidates, dtype=torch.long)
     if len(candidates) <= cap:
-        logits = lm_head[index] @ hidden  # (C,)
+        logits = _logits(lm_head[index], hidden)  # (C,)
         return torch.softmax(logits, dim=-1), CANDIDATES
-    probs = torch.softmax(lm_head @ hidden, dim=-1)[index]  # (C,) out of (V,)
+    probs = torch.softmax(_logits(lm_head, hidden), dim=-1)[index]  # (C,) out of (V,)
     return probs / probs.sum(), FULL_VOCABULARY
+
+
+def _logits(rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """rows: (C, H), hidden: (H,) -> (C,), as a (1, H) x (H, C) sgemm rather than a matrix-vector
+    product: MKL's strict reproducible mode (reproducibility.py) makes ?gemm thread-count invariant, and
+    promises nothing for ?gemv."""
+    return (hidden[None, :] @ rows.T)[0]

@@ -19,14 +19,16 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .config import EngineConfig
 from .decisions import build_decision, task_info
-from .determinism import engine_self_check, synthetic_requests
+from .determinism import engine_self_check, synthetic_requests, thread_count_check
 from .engine import DecisionEngine
 from .errors import RequestError
 from .frontend import Frontend
 from .prompt import EncodedRequest
+from .reproducibility import blas_mode_problem
 
 TOKEN_TENSORS = ("root_ids", "trunk_ids", "branch_ids", "branch_lengths", "candidate_ids", "candidate_counts")
 
@@ -125,10 +127,29 @@ class DecisionStep:
         self.config = EngineConfig.from_parameters(params, base_dir=model_base_dir)
         self.engine = DecisionEngine(self.config)
         try:
-            self.self_check_ok, _ = engine_self_check(self._score_ids, synthetic_requests(self.engine.spec.vocab_size))
+            self.self_check_problems = self._self_check()
         except BaseException:
             self.engine.close()
             raise
+        self.self_check_ok = not self.self_check_problems
+
+    def _self_check(self) -> list[str]:
+        """What breaks bit-identity on this machine and configuration (empty: nothing): the BLAS
+        mode, batch composition and cache state (engine_self_check), the thread count."""
+        requests = synthetic_requests(self.engine.spec.vocab_size)
+        problems = [p for p in [blas_mode_problem()] if p]
+        if not engine_self_check(self._score_ids, requests)[0]:
+            problems.append("results depend on how requests are batched")
+        threads = torch.get_num_threads()
+
+        def recomputed_at(reqs, count):
+            return [[s.probabilities for s in r] for r in self.engine.score(reqs, use_cache=False, threads=count)[0]]
+
+        same, digests = thread_count_check(recomputed_at, requests, threads)
+        if not same:
+            other = next(t for t in digests if t != threads)
+            problems.append(f"results with {threads} threads differ from results with {other}")
+        return problems
 
     def close(self) -> None:
         self.engine.close()

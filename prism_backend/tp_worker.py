@@ -110,6 +110,7 @@ def main(argv: list[str]) -> int:
     config = EngineConfig(**{**fields, "model_dir": Path(fields["model_dir"])})
     import torch
 
+    from .reproducibility import torch_threads
     from .runner import ForestRunner, build_model
 
     if config.num_threads:
@@ -119,10 +120,12 @@ def main(argv: list[str]) -> int:
         spec, model, _ = build_model(config, group)
         runner = ForestRunner(config, spec, model)
         while True:
-            batch = group.broadcast()
-            if batch is None:
+            message = group.broadcast()  # (requests, use_cache, threads) from DecisionEngine.score
+            if message is None:
                 return 0
-            runner.forward(batch)
+            batch, use_cache, threads = message
+            with torch_threads(threads):
+                runner.forward(batch, use_cache)
     finally:
         group.close()
 

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from prism_backend.determinism import CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests
+from prism_backend.determinism import (CHECK_REQUESTS, batchings, digest, engine_self_check, synthetic_requests,
+                                      thread_count_check)
 from prism_backend.quant import Int8Linear
 
 from conftest import SAMPLE_TICKET
@@ -100,3 +101,40 @@ def test_int8_bits_do_not_depend_on_thread_count(fp32_config):
         bits.append([[s.probabilities.tobytes() for s in r] for r in results])
     torch.set_num_threads(original)
     assert bits[0] == bits[1]
+
+
+def test_thread_count_check_compares_configured_with_one_thread():
+    """The startup check's comparison itself (a scorer whose output depends on the thread count
+    stands in for a machine where it breaks)."""
+    requests = ["a", "b"]
+    seen = []
+
+    def invariant(reqs, threads):
+        seen.append(threads)
+        return [[np.float32([0.25, 0.75])] for _ in reqs]
+
+    def thread_dependent(reqs, threads):
+        return [[np.float32([0.25, 0.75]) + np.float32(1e-3) * threads] for _ in reqs]
+
+    assert thread_count_check(invariant, requests, 4)[0] and seen == [4, 1]
+    seen.clear()
+    assert thread_count_check(invariant, requests, 1)[0] and seen == [1, 2]  # one thread: compare with two
+    ok, digests = thread_count_check(thread_dependent, requests, 2)
+    assert not ok and set(digests) == {1, 2}
+
+
+@pytest.mark.parametrize("k", [576, 1040, 1041, 1536, 4100])
+def test_both_cpu_int8_routes_are_exact(k):
+    """torch._int_mm and the chunked fp32 GEMM (int_matmul.py) give the int64 matmul's values, also
+    at the extreme where every product is +-127 * 127 and one chunk's sum reaches 1040 * 16129."""
+    from prism_backend.int_matmul import ExactWeight
+
+    torch.manual_seed(k)
+    x = torch.randint(-127, 128, (37, k), dtype=torch.int8)
+    w = torch.randint(-127, 128, (k, 96), dtype=torch.int8)
+    x[0], w[:, 0] = 127, 127  # row 0 x column 0: the largest possible sum
+    x[1], w[:, 1] = -127, 127
+    exact = x.long() @ w.long()
+    for route in ("int_mm", "fp32"):
+        got = ExactWeight(w, route).matmul(x)
+        assert got.dtype == torch.int32 and torch.equal(got.long(), exact), route

@@ -1,5 +1,6 @@
 """Through real servers (int8, 1 and 2 instances): identical float32 bytes alone, batched by Triton
 at concurrency 1, 4 and 8, on any instance, and equal to the in-process engine."""
+import json
 import subprocess
 import sys
 
@@ -11,7 +12,9 @@ from prism_backend.pipeline import DecisionPipeline
 from prism_client.client import PrismClient
 from prism_client.server import ServerOptions, TritonServer
 
-from conftest import REGISTRY, free_port
+from prism_backend.reproducibility import torch_threads
+
+from conftest import REGISTRY, REPO_ROOT, free_port
 from test_server import metric, scrape
 
 
@@ -43,7 +46,38 @@ def test_server_bits_equal_in_process_engine(int8_server, int8_pipeline_bits):
 
 
 def test_startup_self_check_logged(int8_server):
-    assert "determinism self-check: bit-identical" in int8_server.log_path.read_text()
+    assert "determinism self-check: bit-identical across batchings, cache state and thread counts" in \
+        int8_server.log_path.read_text()
+
+
+def _twelve_tickets() -> list[dict]:
+    """12 shipped eval tickets x 3 tasks, one of them inline: 36 decisions."""
+    with open(REPO_ROOT / "evals" / "data" / "tickets.jsonl", encoding="utf-8") as f:
+        materials = [json.loads(line)["material"] for _, line in zip(range(12), f)]
+    return [{"material": m, "tasks": ["team", "severity", CHECK_REQUESTS[1]["tasks"][1]]} for m in materials]
+
+
+@pytest.fixture(scope="module")
+def three_thread_bits(int8_pipeline):
+    """The in-process engine at 3 threads: a count neither server runs with on 2 cores."""
+    with torch_threads(3):
+        results, _ = int8_pipeline.decide_many(_twelve_tickets())
+    return [digest([np.array(list(d["probabilities"].values()), np.float32) for d in r]) for r in results]
+
+
+_SERVED_BITS: dict[int, list[str]] = {}
+
+
+def test_http_bits_do_not_depend_on_instances_or_threads(int8_server, three_thread_bits):
+    """One instance runs on every core (2 threads here), two instances share them (1 thread each):
+    the same requests over HTTP, one at a time, give the same float32 bytes from both servers and
+    from the in-process engine at 3 threads."""
+    client = PrismClient(f"localhost:{int8_server.options.http_port}")
+    served = [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
+              for r in _twelve_tickets()]
+    assert served == three_thread_bits
+    _SERVED_BITS[int8_server.options.instances] = served
+    assert all(bits == served for bits in _SERVED_BITS.values())
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,11 @@ class TritonPythonModel:
         self.step = DecisionStep(model_parameters(config), Path(args["model_repository"]))
         self.metrics = EngineMetrics(make_family, {"model": args["model_name"], "instance": args["model_instance_name"]})
         self.metrics.set_self_check(self.step.self_check_ok)
-        check = "bit-identical" if self.step.self_check_ok else "MISMATCH (batch-dependent results)"
+        if self.step.self_check_ok:
+            check = "bit-identical across batchings, cache state and thread counts"
+        else:
+            check = "MISMATCH: " + "; ".join(self.step.self_check_problems)
+            pb_utils.Logger.log_error(f"prism_decision: determinism self-check: {check}")
         pb_utils.Logger.log_info(f"prism_decision: ready, {self.step.config}; determinism self-check: {check}")
 
     def execute(self, requests):
