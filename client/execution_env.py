@@ -140,7 +140,7 @@ def build_prefix(prefix: Path, model_environment: dict[str, str]) -> None:
     for script in (prefix / "bin").iterdir():  # console scripts name this machine's interpreter path
         if script.name not in (f"python{version}", "python3"):
             script.unlink()
-    exports = "\n".join(f'export {k}="${{{k}:-{v}}}"' for k, v in sorted(model_environment.items()))
+    exports = "\n".join(f'export {k}="{v}"' for k, v in sorted(model_environment.items()))
     (prefix / "bin" / "activate").write_text(ACTIVATE.format(version=version, model_environment=exports))
     # Bytecode checked by hash, not by the source's mtime: archive entries carry a fixed mtime, and
     # without .pyc files every server start would compile torch and transformers again.

@@ -32,7 +32,10 @@ RUN_DIR = REPO_ROOT / ".run"
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
 # Environment of the models' processes, whoever starts them: server_environment here, the
 # execution environment's bin/activate in an exported repository (client/execution_env.py).
-MODEL_ENVIRONMENT = {"TOKENIZERS_PARALLELISM": "false"}
+MODEL_ENVIRONMENT = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "MKL_CBWR": MKL_CBWR_ENV,  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
+}
 
 
 @dataclass
@@ -156,10 +159,8 @@ def server_environment(paths: dict[str, Path]) -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     libdirs = [sysconfig.get_config_var("LIBDIR"), str(paths["libs"]), env.get("LD_LIBRARY_PATH", "")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in libdirs if d)
-    for key, value in MODEL_ENVIRONMENT.items():
-        env.setdefault(key, value)
+    env.update(MODEL_ENVIRONMENT)
     env["PRISM_PYTHON"] = sys.executable  # tensor-parallel workers: inside the stub, sys.executable is not Python
-    env["MKL_CBWR"] = MKL_CBWR_ENV  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
     return env
 
 
