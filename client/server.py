@@ -32,6 +32,12 @@ RUN_DIR = REPO_ROOT / ".run"
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
 LOOPBACK = "127.0.0.1"
+# Environment of the models' processes, whoever starts them: server_environment here, the
+# execution environment's bin/activate in an exported repository (client/execution_env.py).
+MODEL_ENVIRONMENT = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "MKL_CBWR": MKL_CBWR_ENV,  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
+}
 
 
 @dataclass
@@ -49,6 +55,8 @@ class ServerOptions:
     servers_on_machine: int = 1  # replicas sharing these cores (client/cluster.py), for the thread share
     admin_token: str | None = None  # Triton's admin APIs need it (security.py); None: closed to all
     queue_timeout_s: float | None = None  # prism_decision's queue policy timeout; None keeps config.pbtxt's
+    # An exported repository (client/export.py) to serve as it is, instead of rendering model_repository/
+    repository: Path | None = None
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -67,7 +75,10 @@ class ServerOptions:
         validate_admin_token(self.admin_token)
         if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
             raise ConfigError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
-        if not (Path(self.model_dir) / "config.json").exists():
+        if self.repository is not None:
+            if not (Path(self.repository) / "prism" / "config.pbtxt").exists():
+                raise ConfigError(f"--repository {self.repository} holds no Prism model repository (prism/config.pbtxt)")
+        elif not (Path(self.model_dir) / "config.json").exists():
             raise ConfigError(f"--model-dir {self.model_dir} holds no Hugging Face checkpoint (config.json)")
 
 
@@ -166,9 +177,8 @@ def server_environment(paths: dict[str, Path]) -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     libdirs = [sysconfig.get_config_var("LIBDIR"), str(paths["libs"]), env.get("LD_LIBRARY_PATH", "")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in libdirs if d)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(MODEL_ENVIRONMENT)
     env["PRISM_PYTHON"] = sys.executable  # tensor-parallel workers: inside the stub, sys.executable is not Python
-    env["MKL_CBWR"] = MKL_CBWR_ENV  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
     return env
 
 
@@ -245,7 +255,8 @@ class TritonServer:
 
     def command(self) -> list[str]:
         paths = triton_install()
-        repo = render_model_repository(self.options, self.workdir / "model_repository")
+        repo = Path(self.options.repository).resolve() if self.options.repository else \
+            render_model_repository(self.options, self.workdir / "model_repository")
         o = self.options
         cmd = [
             str(paths["server"]),

@@ -44,9 +44,14 @@ def numpy_inputs(get_tensor, request, names) -> dict:
     return out
 
 
+# Parameters Triton's Python backend reads itself, not the engine: EXECUTION_ENV_PATH names the
+# packed Python environment of an exported repository (client/export.py).
+BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
+
+
 def model_parameters(model_config: dict) -> dict[str, str]:
-    """`parameters` of a parsed config.pbtxt as plain strings."""
-    return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+    """The engine's `parameters` of a parsed config.pbtxt, as plain strings."""
+    return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items() if k not in BACKEND_PARAMETERS}
 
 
 def triton_engine_config(args: dict) -> EngineConfig:

@@ -1,0 +1,160 @@
+"""`prism export-repository OUT`: a model repository any Triton server loads as it is.
+
+`prism serve` renders model_repository/ and then supplies, from outside, what the models need:
+Python packages on PATH, libpython on LD_LIBRARY_PATH, a stub for its interpreter. An export puts
+all of that inside the folder, so it can be moved, synced to a model store and loaded by a Triton
+fleet with `tritonserver --model-repository=OUT`:
+
+    OUT/prism_export.json            what it is: Prism and checkpoint versions, the options it was rendered with
+    OUT/prism_env.tar.gz             the Python execution environment the three Python models share
+    OUT/prism/                       the ensemble (the public model), unchanged
+    OUT/prism_<step>/config.pbtxt    rendered as `prism serve` renders it, plus EXECUTION_ENV_PATH
+    OUT/prism_<step>/triton_python_backend_stub   built for the environment's Python
+    OUT/prism_<step>/prism_backend/, kernels/     the engine; the stub puts the model's folder on sys.path
+    OUT/prism_<step>/1/              model.py (and tasks.json, the task registry), as in model_repository/
+    OUT/prism_decision/checkpoint/   the weights
+
+Every path inside is relative: model_dir resolves against the model's own folder (EngineConfig),
+EXECUTION_ENV_PATH against $$TRITON_MODEL_DIRECTORY (the Python backend substitutes it). Triton
+loads only the folders at the top, so the two files there are never taken for models.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from prism_backend.config import ConfigError, EngineConfig
+from prism_backend.serving import model_parameters
+
+from .execution_env import DISTRIBUTION, packed_environment, python_version
+from .server import (ENGINE_MODELS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions, _package_dir,
+                     render_model_repository, set_parameter, triton_install)
+
+MANIFEST = "prism_export.json"
+ENV_ARCHIVE = "prism_env.tar.gz"
+CHECKPOINT = Path("prism_decision") / "checkpoint"
+ENGINE_PACKAGES = ("prism_backend", "kernels")  # what the model.py files import, besides the environment
+STUB = "triton_python_backend_stub"
+PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+
+
+def export_options(options: ServerOptions) -> ServerOptions:
+    """`prism serve` gives each process its share of this machine's cores; an export runs on machines
+    not known yet, so unless num_threads is given it is 0 (torch's default: the target's cores)."""
+    return dataclasses.replace(options, extra_parameters={"num_threads": "0", **options.extra_parameters})
+
+
+def export_repository(options: ServerOptions, out: Path, env_cache: Path | None = None, log=print) -> Path:
+    """Write the self-contained repository to `out` (which must not exist yet) and return it."""
+    options = export_options(options)
+    options.validate()
+    out = Path(out)
+    if out.exists():
+        raise ConfigError(f"{out} already exists; export into a new folder")
+    staging = out.with_name(out.name + ".partial")  # renamed at the end: never a half-written export
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _write(options, staging, env_cache, log)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    staging.rename(out)
+    return out
+
+
+def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -> None:
+    render_model_repository(options, staging)
+    _copy_checkpoint(Path(options.model_dir), staging / CHECKPOINT)
+    for name in ENGINE_MODELS:
+        relative = os.path.relpath(staging / CHECKPOINT, staging / name)
+        _edit_config(staging / name, lambda text: set_parameter(text, "model_dir", relative))
+    stub = triton_install()["stub"]
+    env_path = f"$$TRITON_MODEL_DIRECTORY/../{ENV_ARCHIVE}"
+    for model in _python_models(staging):
+        _edit_config(model, lambda text: add_parameter(text, "EXECUTION_ENV_PATH", env_path))
+        shutil.copy2(stub, model / STUB)
+        for package in ENGINE_PACKAGES:
+            shutil.copytree(_package_dir(package), model / package, ignore=shutil.ignore_patterns("__pycache__"))
+    _check_parameters(staging)
+    archive = packed_environment(MODEL_ENVIRONMENT, env_cache, log=log)
+    _link_or_copy(archive, staging / ENV_ARCHIVE)
+    (staging / MANIFEST).write_text(json.dumps(manifest(options, staging), indent=2, sort_keys=True) + "\n")
+
+
+def add_parameter(config_text: str, key: str, value: str) -> str:
+    if f'key: "{key}"' in config_text:
+        raise ConfigError(f"config.pbtxt already has a parameter {key!r}")
+    return config_text.rstrip("\n") + f'\nparameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+
+
+def _edit_config(model: Path, edit) -> None:
+    path = model / "config.pbtxt"
+    path.write_text(edit(path.read_text()))
+
+
+def _python_models(repository: Path) -> list[Path]:
+    return sorted(p.parent for p in repository.glob("*/config.pbtxt") if 'backend: "python"' in p.read_text())
+
+
+def _copy_checkpoint(model_dir: Path, target: Path) -> None:
+    target.mkdir(parents=True)
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and not path.name.startswith("."):  # not .prism-converted and other markers
+            shutil.copy2(path, target / path.name)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link to the cached archive where the filesystem allows (it is never written in place)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _check_parameters(repository: Path) -> None:
+    """Fail at export, not at load on the fleet, on a parameter the engine would reject."""
+    for name in ENGINE_MODELS:
+        text = (repository / name / "config.pbtxt").read_text()
+        found = PARAMETER.findall(text)
+        params = model_parameters({"parameters": {k: {"string_value": v} for k, v in found}})
+        config = EngineConfig.from_parameters(params, base_dir=repository / name)
+        if not (config.model_dir / "config.json").exists():
+            raise ConfigError(f"{name}: model_dir {config.model_dir} holds no checkpoint")
+
+
+def manifest(options: ServerOptions, repository: Path) -> dict:
+    checkpoint = repository / CHECKPOINT
+    return {
+        "prism_version": importlib.metadata.version(DISTRIBUTION),
+        "prism_commit": _git(["rev-parse", "HEAD"]),
+        "prism_files_modified_since_commit": bool(_git(["status", "--porcelain", "--untracked-files=no"])),
+        "checkpoint": {
+            "source": Path(options.model_dir).name,
+            "sha256": {p.name: _sha256(p) for p in sorted(checkpoint.iterdir())},
+        },
+        "options": {"precision": options.precision, "instances": options.instances, "tp": options.tp,
+                    "max_batch_size": options.max_batch_size, "parameters": options.extra_parameters},
+        "python": python_version(),
+        "stub_from": f"nvidia-pytriton=={importlib.metadata.version('nvidia-pytriton')}",
+    }
+
+
+def _git(args: list[str]) -> str | None:
+    """Output of a git command in the checkout, or None where Prism was installed without one."""
+    done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,177 @@
+"""`prism export-repository`: the folder alone serves Prism on a bare Triton, as a fleet would load it.
+
+The exported repository is moved, then served by the bundled tritonserver started with an empty
+environment (only the server binary's own libraries), from another working directory, with the
+wheel's Python backend as is (it carries no stub). It must answer exactly like `prism serve`.
+"""
+import dataclasses
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from prism_client.client import PrismClient, PrismError
+from prism_client.export import ENV_ARCHIVE, MANIFEST, PARAMETER, export_repository
+from prism_client.server import REPO_ROOT, free_port, triton_install, wait_until_serving
+
+from conftest import SAMPLE_TICKET
+
+TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
+MATERIALS = [SAMPLE_TICKET, "My invoice is wrong and nobody answers my emails."]
+
+
+def served_parameters(server) -> dict[str, str]:
+    """prism_decision's parameters as `prism serve` rendered them for the running server."""
+    text = (server.workdir / "model_repository" / "prism_decision" / "config.pbtxt").read_text()
+    return dict(PARAMETER.findall(text))
+
+
+def container_like_backends(paths: dict[str, Path], target: Path) -> Path:
+    """backends/python as NVIDIA's 24.10 container has it: the backend with a stub for the container's
+    Python, 3.10, not the 3.11 of the exported environment (the backend refuses to start without a
+    stub of its own; the models must bring theirs)."""
+    python = target / "python"
+    python.mkdir(parents=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (python / name).symlink_to(paths["backend"] / name)
+    (python / "triton_python_backend_stub").symlink_to(paths["stub"].parent.parent / "3.10" / paths["stub"].name)
+    return target
+
+
+class BareTriton:
+    """tritonserver with nothing from Prism around it: `env -i`, no PYTHONPATH, another cwd."""
+
+    def __init__(self, repository: Path, cwd: Path):
+        paths = triton_install()
+        self.http_port, self.grpc_port, metrics_port = free_port(), free_port(), free_port()
+        self.log = cwd / "tritonserver.log"
+        command = [
+            "env", "-i", f"LD_LIBRARY_PATH={paths['libs']}",  # the server binary's own libraries
+            str(paths["server"]), f"--model-repository={repository}",
+            f"--backend-directory={container_like_backends(paths, cwd / 'backends')}",
+            f"--cache-directory={paths['caches']}",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={metrics_port}",
+        ]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def wait_ready(self, timeout: float = 420.0) -> None:
+        ready = wait_until_serving(self.process, self.http_port, "/v2/health/ready", timeout, 1.0,
+                                   lambda code: f"tritonserver exited with {code}:\n{self.log.read_text()[-4000:]}")
+        assert ready, f"not ready after {timeout} s:\n{self.log.read_text()[-4000:]}"
+
+    def stop(self) -> None:
+        """SIGINT: Triton unloads the models and deletes the environment it extracted to /tmp
+        (2.2 GB: give it time)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(240)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def exported(server, tmp_path_factory):
+    """Exported with the very parameters the `server` fixture runs with, then moved elsewhere."""
+    parameters = {k: v for k, v in served_parameters(server).items() if k != "model_dir"}
+    options = dataclasses.replace(server.options, extra_parameters=parameters)
+    first = export_repository(options, tmp_path_factory.mktemp("export") / "repository")
+    moved = tmp_path_factory.mktemp("model-store") / "prism"
+    first.rename(moved)
+    return moved
+
+
+@pytest.fixture(scope="module")
+def bare_server(exported, tmp_path_factory):
+    triton = BareTriton(exported, tmp_path_factory.mktemp("elsewhere"))
+    try:
+        triton.wait_ready()
+        yield triton
+    finally:
+        triton.stop()
+
+
+def probability_bytes(url: str, protocol: str) -> list[list[bytes]]:
+    client = PrismClient(url, protocol)
+    return [[d.probability_array().tobytes() for d in client.decide(m, TASKS)] for m in MATERIALS]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_exported_repository_answers_like_prism_serve(server, bare_server, protocol):
+    port = {"http": "http_port", "grpc": "grpc_port"}[protocol]
+    served = probability_bytes(f"localhost:{getattr(server.options, port)}", protocol)
+    exported = probability_bytes(f"localhost:{getattr(bare_server, port)}", protocol)
+    assert exported == served
+
+
+def test_exported_repository_rejects_bad_input_with_400(bare_server):
+    with pytest.raises(PrismError) as info:
+        PrismClient(f"localhost:{bare_server.http_port}", "http").decide(SAMPLE_TICKET, ["team", "no_such_task"])
+    assert info.value.status == "400" and "no_such_task" in info.value.message
+
+
+def test_exported_repository_holds_no_path_of_this_checkout(exported):
+    for path in [exported / MANIFEST, *exported.glob("*/config.pbtxt")]:
+        assert str(REPO_ROOT) not in path.read_text(), path
+    decision = (exported / "prism_decision" / "config.pbtxt").read_text()
+    assert 'key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/../prism_env.tar.gz" }' in decision
+    assert 'key: "model_dir" value: { string_value: "checkpoint" }' in decision
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    digests = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            digests[str(path.relative_to(root))] = h.hexdigest()
+    return digests
+
+
+def test_two_exports_are_identical(tmp_path, exported):
+    """Same checkout, same flags, through the CLI: the same bytes, file for file (the environment
+    archive comes from the cache both times; see docs/deploy.md for rebuilding it)."""
+    flags = ["--precision", "int8", "--instances", "2", "--parameter", "prefix_cache_bytes=0"]
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        done = subprocess.run([sys.executable, "-m", "prism_client.cli", "export-repository", str(out), *flags],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    a, b = (tree_digest(out) for out in outs)
+    assert a == b
+    assert ENV_ARCHIVE in a and "prism_decision/checkpoint/model.safetensors" in a
+    assert "prism_tokenizer/1/tasks.json" in a and "prism_postprocess/triton_python_backend_stub" in a
+    decision = (outs[0] / "prism_decision" / "config.pbtxt").read_text()
+    assert "count: 2" in decision and 'key: "precision" value: { string_value: "int8" }' in decision
+
+
+def test_export_refuses_an_unknown_parameter(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "prism_client.cli", "export-repository", str(tmp_path / "x"),
+                           "--parameter", "no_such_knob=1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no_such_knob" in done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_prism_serve_takes_an_exported_repository_as_it_is(tmp_path):
+    """`prism serve --repository DIR` starts tritonserver on DIR itself: nothing rendered, nothing copied."""
+    from prism_client.server import ServerOptions, TritonServer
+
+    (tmp_path / "repo" / "prism").mkdir(parents=True)
+    (tmp_path / "repo" / "prism" / "config.pbtxt").write_text('name: "prism"\n')
+    server = TritonServer(ServerOptions(repository=tmp_path / "repo"), workdir=tmp_path / "work")
+    assert f"--model-repository={(tmp_path / 'repo').resolve()}" in server.command()
+    assert not (tmp_path / "work" / "model_repository").exists()
+    done = subprocess.run([sys.executable, "-m", "prism_client.cli", "serve", "--repository", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "holds no Prism model repository" in done.stderr
