@@ -31,7 +31,7 @@ import subprocess
 from pathlib import Path
 
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.serving import model_parameters
+from prism_backend.serving.steps import model_parameters
 
 from .execution_env import DISTRIBUTION, packed_environment, python_version
 from .server import (ENGINE_MODELS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions, _package_dir,

@@ -18,9 +18,9 @@ import pytest
 
 from prism_client.client import PrismClient, PrismError
 from prism_client.export import ENV_ARCHIVE, MANIFEST, PARAMETER, export_repository
-from prism_client.server import REPO_ROOT, free_port, triton_install, wait_until_serving
+from prism_client.server import REPO_ROOT, triton_install, wait_until_serving
 
-from conftest import SAMPLE_TICKET
+from conftest import SAMPLE_TICKET, free_port
 
 TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
 MATERIALS = [SAMPLE_TICKET, "My invoice is wrong and nobody answers my emails."]
