@@ -129,7 +129,13 @@ def test_tree_attention_matches_the_engines_torch_path():
     qa = q[forest.answer_rows]
     answers = tree_attention(qa, k, v, build_layout(tuples, queries))
     torch.testing.assert_close(answers, answer_attention(qa, k, v, branches), atol=1e-5, rtol=0)
-    assert torch.equal(answers, out[forest.answer_rows])  # answer-only == the same rows of all-rows
+    # answer-only == the same rows of all-rows: bit for bit on a GPU, where tl.dot reduces each output
+    # element the same way wherever its row sits in the tile. The CPU interpreter runs tl.dot as a numpy
+    # matmul, whose BLAS (OpenBLAS on AVX2 EPYCs) may round a row differently by its place in the tile.
+    if q.is_cuda:
+        assert torch.equal(answers, out[forest.answer_rows])
+    else:
+        torch.testing.assert_close(answers, out[forest.answer_rows], atol=1e-6, rtol=0)
 
 
 def _shift(segments, offset, first_index):
