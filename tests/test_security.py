@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import REGISTRY, REPO_ROOT, SAMPLE_TICKET, free_port, wait_for
 from prism_backend.config import ConfigError
-from prism_client.client import PrismClient, PrismError, PrismOverloaded, retry_delays, server_error
+from prism_client.client import ROUTE_HEADER, PrismClient, PrismError, PrismOverloaded, retry_delays, server_error
 from prism_client.router import DEFAULT_MAX_REQUEST_BYTES, NginxRouter, Replica, RouterOptions, read_access_log
 from prism_client.security import ADMIN_HEADER, TRITON_GRPC_ADMIN_HEADER
 from prism_client.server import python_stubs
@@ -107,7 +107,9 @@ def check_admin_apis_locked(http: str, grpc: str, token: str) -> None:
 
     plain = httpclient.InferenceServerClient(http)
     admin = httpclient.InferenceServerClient(http)
-    headers = {ADMIN_HEADER: token}
+    # Shared-memory regions are registered per replica: behind several replicas, one route key keeps
+    # the admin session on one of them (keyless requests go round-robin).
+    headers = {ADMIN_HEADER: token, ROUTE_HEADER: "admin-session"}
     region = shared_memory.SharedMemory(f"prism-test-{os.getpid()}", create=True, size=64)  # /dev/shm/<name>
     try:
         with pytest.raises(InferenceServerException) as refused:
