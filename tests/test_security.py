@@ -193,7 +193,9 @@ def test_no_replica_is_a_retryable_503_and_the_client_backs_off(tmp_path):
         with pytest.raises(PrismOverloaded):
             PrismClient(http, retries=2, backoff_s=0.2).decide("m", ["team"])
         assert time.monotonic() - started >= 0.2 * 0.5 + 0.4 * 0.5  # two waits, jitter at least 0.5x
-        assert len([e for e in read_access_log(router.access_log) if e["uri"].endswith("/infer")]) == 1 + 3
+        # nginx writes an access-log entry just after its response has gone out: wait for the last one
+        assert wait_for(lambda: len([e for e in read_access_log(router.access_log)
+                                     if e["uri"].endswith("/infer")]) == 1 + 3, 10)
         with pytest.raises(PrismOverloaded) as info:
             PrismClient(grpc, "grpc").decide("m", ["team"])
         assert info.value.status == "StatusCode.UNAVAILABLE"
