@@ -13,6 +13,7 @@ from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.errors import EngineUnavailable
 from prism_backend.serving.pipeline import DecisionPipeline
 from prism_client.client import PrismClient, PrismError
+from prism_client.security import ADMIN_HEADER
 from prism_client.server import ServerOptions, TritonServer
 
 from conftest import REGISTRY, SAMPLE_TICKET, free_port, processes_with, wait_for
@@ -20,6 +21,8 @@ from conftest import REGISTRY, SAMPLE_TICKET, free_port, processes_with, wait_fo
 BATCH = [{"material": SAMPLE_TICKET, "tasks": ["team", "severity", "reply_time"]},
          {"material": "The mobile app logs me out every few minutes.", "tasks": ["severity@1"]},
          {"material": SAMPLE_TICKET, "tasks": ["severity@1"], "system": "Answer with one letter."}]
+
+TP_ADMIN_TOKEN = "tensor-parallel-test-token"
 
 
 def bits(results) -> list[bytes]:
@@ -93,7 +96,8 @@ def test_server_tp2_with_two_instances(model_dir, int8_pipeline):
     after shutdown, a killed worker turns requests into a clear UNAVAILABLE error."""
     assert not tp_workers()
     options = ServerOptions(precision="int8", instances=2, tp=2, http_port=free_port(), grpc_port=free_port(),
-                            metrics_port=free_port(), model_dir=model_dir, model_control_explicit=True)
+                            metrics_port=free_port(), model_dir=model_dir, model_control_explicit=True,
+                            admin_token=TP_ADMIN_TOKEN)
     expected, _ = int8_pipeline.decide_many(BATCH[:1])
     with TritonServer(options) as server:
         url = f"localhost:{options.http_port}"
@@ -103,10 +107,10 @@ def test_server_tp2_with_two_instances(model_dir, int8_pipeline):
 
         admin = httpclient.InferenceServerClient(url)
         for name in ("prism", "prism_decision"):
-            admin.unload_model(name)
+            admin.unload_model(name, headers={ADMIN_HEADER: TP_ADMIN_TOKEN})  # Triton restricts it to the token
         assert wait_for(lambda: not tp_workers(), 60), tp_workers()
         for name in ("prism_decision", "prism"):
-            admin.load_model(name)
+            admin.load_model(name, headers={ADMIN_HEADER: TP_ADMIN_TOKEN})
         workers = tp_workers()
         assert len(workers) == 2
 
