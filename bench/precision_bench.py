@@ -3,8 +3,11 @@
     .venv/bin/python bench/precision_bench.py [--repeats 5]
 
 The same forests (bench/workloads.py, prefix cache off) through engines differing only in
-precision: fp32, int8 with one weight pass (weights s1*q1), int8 with the weight residual (the
-default, weight_passes=2). Repeats are interleaved across engines so machine noise hits all alike.
+precision: fp32 and the int8 pass ladder (model/quant.py): one pass each side (plain W8A8: one
+exact float32 GEMM per projection without VNNI), two activation passes with one weight pass, two
+each (the default: one exact float64 GEMM per projection without VNNI). Repeats are interleaved
+across engines so machine noise hits all alike. Besides the time, each int8 variant's largest
+|p - p_fp32| over the workload's decisions (the eval, evals/run_eval.py, measures accuracy at scale).
 Writes bench/results/precision.md.
 """
 from __future__ import annotations
@@ -34,15 +37,21 @@ def main() -> None:
     base = EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=threads)
     engines = {
         "fp32": base.replace(precision="fp32"),
-        "int8, 1 weight pass": base.replace(precision="int8", weight_passes=1),
-        "int8, weight residual (default)": base.replace(precision="int8", weight_passes=2),
+        "int8, 1+1 passes (W8A8)": base.replace(precision="int8", act_passes=1, weight_passes=1),
+        "int8, 2+1 passes": base.replace(precision="int8", act_passes=2, weight_passes=1),
+        "int8, 2+2 passes (default)": base.replace(precision="int8", act_passes=2, weight_passes=2),
     }
     pipelines = {name: DecisionPipeline(config, REGISTRY) for name, config in engines.items()}
     times = {(w, e): [] for w in WORKLOADS for e in engines}
+    error = {}  # (workload, engine) -> largest |p - p_fp32| over the workload's decisions
     for workload, make in WORKLOADS.items():
         requests = make()
-        for pipeline in pipelines.values():
-            pipeline.decide_many(requests)  # warm-up
+        probabilities = {}
+        for name, pipeline in pipelines.items():
+            results, _ = pipeline.decide_many(requests)  # also the warm-up
+            probabilities[name] = [p for r in results for d in r for p in d["probabilities"].values()]
+        for name in engines:
+            error[(workload, name)] = max(abs(p - q) for p, q in zip(probabilities[name], probabilities["fp32"]))
         for _ in range(args.repeats):
             for name, pipeline in pipelines.items():
                 start = time.perf_counter()
@@ -52,13 +61,15 @@ def main() -> None:
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats}` on CPU(s) "
              f"{sorted(os.sched_getaffinity(0))}, {threads} thread(s), prefix cache off, median of "
              f"{args.repeats} interleaved runs.", "",
-             "| workload | engine | ms (median) | min-max ms | time / fp32 |", "|---|---|---|---|---|"]
+             "| workload | engine | ms (median) | min-max ms | time / fp32 | max abs(p - p_fp32) |",
+             "|---|---|---|---|---|---|"]
     for workload in WORKLOADS:
         fp32 = statistics.median(times[(workload, "fp32")])
         for name in engines:
             t = times[(workload, name)]
             lines.append(f"| {workload} | {name} | {1000 * statistics.median(t):.0f} | "
-                         f"{1000 * min(t):.0f}-{1000 * max(t):.0f} | {statistics.median(t) / fp32:.2f}x |")
+                         f"{1000 * min(t):.0f}-{1000 * max(t):.0f} | {statistics.median(t) / fp32:.2f}x | "
+                         f"{error[(workload, name)]:.5f} |")
     write_result("precision.md", lines)
 
 

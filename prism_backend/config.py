@@ -61,9 +61,10 @@ class ComputeSettings:
 class EngineConfig:
     model_dir: Path
     precision: str = "int8"
-    act_passes: int = 2  # int8 activation quantisation passes; 2 also quantises the residual
-    # int8 weight quantisation passes; 2 also quantises the weight's residual (1.5x the integer work
-    # at act_passes 2, ~60x closer to fp32: one-pass int8 weights are what set the error)
+    # int8 passes per token and per weight (model/quant.py): P passes = integers up to 127 * 128^(P-1).
+    # One pass each side is plain W8A8 (~0.02 off fp32: the int8 weights' rounding sets the error);
+    # two each are ~1e-4 off, and cost one exact float64 GEMM on CPUs without VNNI (model/int_matmul.py)
+    act_passes: int = 2
     weight_passes: int = 2
     smooth_alpha: float = 0.5  # SmoothQuant migration strength for int8; 0 = no smoothing
     max_candidates: int = 16  # tasks with more options take the full-vocabulary fallback

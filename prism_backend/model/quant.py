@@ -1,21 +1,20 @@
-"""Linear projections: fp32 reference, and INT8 x INT8 -> INT32 (exact, batch-invariant).
+"""Linear projections: fp32 reference, and integer x integer (exact, batch-invariant).
 
-INT8 scheme (W8A8):
-  weights      symmetric int8 per output channel, quantised once at load, in `weight_passes`
-               passes: with 2, what the int8 weight missed (w - s1 * q1) is quantised again per
-               output channel (w ~ s1 * q1 + s2 * q2) and multiplies the first activation pass in
-               a second integer GEMM. One pass leaves ~0.2% rounding in every weight, the same in
-               every token: a slightly different model whose probabilities sit ~0.02 off fp32;
-               the residual pass takes that to ~3e-4 for 1.5x the integer work at 2 passes.
-  activations  symmetric int8 per token at run time, in `act_passes` passes: pass 1 quantises the
-               row, pass 2 quantises what pass 1 left over (its residual), and so on. The passes are
-               stacked into one integer GEMM, so extra passes cost rows, not launches;
-  product      int8 x int8 accumulated in int32 (exact: equal to an int64 matmul), then
-               dequantised in fp32 as (sum_p acc_p * x_scale_p) * w_scale
-               (+ (acc_res * x_scale_1) * w_res_scale): on CPU tensors by
-               exact int32 products (int_matmul.py: `torch._int_mm`, or an exact fp32 GEMM on CPUs
-               without VNNI) + torch, as kernels.int8_gemm.int8_gemm_reference; on CUDA tensors by
-               the Triton-lang kernel with the dequantisation fused into its epilogue.
+INT8 scheme (W8A8, in passes):
+  weights      symmetric per output channel, quantised once at load to integers W with
+               |W| <= 127 * 128^(weight_passes - 1): with 1 pass plain int8; with 2, W's base-128
+               digits are two int8 passes (the second one is what the first missed). One pass
+               leaves ~0.2% rounding in every weight, the same in every token: a slightly different
+               model whose probabilities sit ~0.02 off fp32; two passes take that to ~1e-4.
+  activations  symmetric per token at run time, likewise in `act_passes` base-128 int8 passes
+               (|X| <= 127 * 128^(act_passes - 1)).
+  product      X @ W, exact: every int8 pass of X times every int8 pass of W with int32
+               accumulation, combined in int64 -- or one exact float GEMM of the same integers
+               (int_matmul.py picks the faster exact route for this CPU; the bits cannot differ)
+               -- then dequantised in float64 as (acc * x_scale) * w_scale, rounded once to
+               float32, plus the bias. On CUDA tensors the Triton-lang kernel runs the int8 passes
+               with the dequantisation fused into its epilogue; it omits the products of the
+               second activation passes with the weight's second pass (~1e-5 of the output).
 Every step is row-wise or exact, so a token's output bits never depend on the other rows.
 """
 from __future__ import annotations
@@ -23,18 +22,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.int8_gemm import dequantize
-
-from .int_matmul import ExactWeight
+from .int_matmul import PASS_BASE, ExactWeight, int8_passes, int_bound
 
 from ..config import ComputeSettings
 
-QMAX = 127.0
+
+def _symmetric_scale(amax: torch.Tensor, bound: int) -> torch.Tensor:
+    # An all-zero row gets scale 1 (its integers are all 0 anyway) instead of a division by 0.
+    return torch.where(amax > 0, amax / bound, torch.ones_like(amax))
 
 
-def _symmetric_scale(amax: torch.Tensor) -> torch.Tensor:
-    # An all-zero row gets scale 1 (its int8 values are all 0 anyway) instead of a division by 0.
-    return torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
+def _round_to_grid(x: torch.Tensor, scale: torch.Tensor, bound: int) -> torch.Tensor:
+    """x / scale rounded to integers (half to even), kept as float32 (exact below 2^24). The clamp
+    only guards the last-bit rounding of the scale itself."""
+    return torch.div(x, scale).round_().clamp_(-bound, bound)
 
 
 class Fp32Linear:
@@ -56,68 +57,53 @@ def use_triton(kernels: str, x: torch.Tensor) -> bool:
 
 class Int8Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
-        """weight: (out, in) float32 -> int8 (in, out) as `_int_mm` takes it, scales (out,); with
-        weight_passes 2 also the residual's int8 (in, out) `w_res` and scales (out,) `w_res_scale`.
+        """weight: (out, in) float32 -> integer weight W (in, out) for this CPU's exact route
+        (int_matmul.ExactWeight) and per-output-channel scales (out,).
 
         settings.group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel).
-        The row maxima of weights, weight residuals and activations are then all-reduced with MAX and
-        the int32 partial products with SUM, all exact, so the output bits equal the unsplit layer's."""
-        weight_passes = settings.weight_passes
+        The row maxima of weights and activations are then all-reduced with MAX and the exact
+        integer partial products with SUM, so the output bits equal the unsplit layer's."""
         self.group = settings.group
-        self.w_scale, w_q = self._quantize_weight(weight)  # (out,), (out, in)
-        self.w_q = ExactWeight(w_q.to(torch.int8).t().contiguous())  # (in, out)
-        self.w_res = self.w_res_scale = None
-        if weight_passes == 2:
-            # separate multiply and subtract (no fused multiply-add): the same bits in every shard
-            residual = weight - w_q * self.w_scale[:, None]  # (out, in), |residual| <= w_scale / 2
-            self.w_res_scale, r_q = self._quantize_weight(residual)
-            self.w_res = ExactWeight(r_q.to(torch.int8).t().contiguous())  # (in, out)
-        self.bias = bias
-        self.act_passes = settings.act_passes
-        self.kernels = settings.kernels
-
-    def _quantize_weight(self, weight: torch.Tensor):
-        """(out, in) float32 -> per-output-channel scales (out,) and rounded values in [-127, 127]."""
-        amax = weight.abs().amax(dim=1)
+        self.act_passes, self.weight_passes = settings.act_passes, settings.weight_passes
+        self.act_bound, self.weight_bound = int_bound(self.act_passes), int_bound(self.weight_passes)
+        amax = weight.abs().amax(dim=1)  # (out,)
         if self.group is not None:
             self.group.all_reduce_max(amax)
-        scale = _symmetric_scale(amax).to(torch.float32)
-        return scale, torch.round(weight / scale[:, None]).clamp(-QMAX, QMAX)
+        self.w_scale = _symmetric_scale(amax, self.weight_bound).to(torch.float32)  # (out,)
+        w_int = _round_to_grid(weight, self.w_scale[:, None], self.weight_bound)  # (out, in)
+        self.w = ExactWeight(w_int.t().contiguous(), self.act_passes, self.weight_passes)  # (in, out)
+        self.bias = bias
+        self.kernels = settings.kernels
 
     def quantize_activations(self, x: torch.Tensor):
-        """x: (M, in) -> int8 (passes * M, in), scales (passes * M, 1).
-
-        |x / scale| <= 127 by construction of the scale, so rounding needs no clamp."""
-        rows, scales = [], []
-        residual = x
-        for p in range(self.act_passes):
-            amax = residual.abs().amax(dim=1, keepdim=True)  # (M, 1)
-            if self.group is not None:
-                self.group.all_reduce_max(amax)
-            scale = _symmetric_scale(amax)
-            q = torch.div(residual, scale).round_()
-            rows.append(q.to(torch.int8))
-            scales.append(scale)
-            if p + 1 < self.act_passes:
-                residual = torch.addcmul(residual, q, scale, value=-1.0)  # what this pass missed
-        if self.act_passes == 1:
-            return rows[0], scales[0]
-        return torch.cat(rows), torch.cat(scales)
+        """x: (M, in) float32 -> integers X (M, in) as float32, scales (M, 1)."""
+        amax = x.abs().amax(dim=1, keepdim=True)  # (M, 1)
+        if self.group is not None:
+            self.group.all_reduce_max(amax)
+        scale = _symmetric_scale(amax, self.act_bound)
+        return _round_to_grid(x, scale, self.act_bound), scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x_q, x_scale = self.quantize_activations(x)  # (passes * M, in), (passes * M, 1)
+        x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1)
         if use_triton(self.kernels, x) and self.group is None:
-            from kernels.int8_gemm import int8_gemm
+            return self._triton(x_int, x_scale)
+        acc = self.w.matmul(x_int)  # (M, out) float64, exact integers
+        if self.group is not None:  # row-parallel: an exact sum of integers below 2^53
+            acc = self.group.all_reduce_sum(acc)
+        out = acc.mul_(x_scale.double()).mul_(self.w_scale.double()).float()
+        return out if self.bias is None else out.add_(self.bias)
 
-            return int8_gemm(x_q, self.w_q.int8, x_scale, self.w_scale, self.bias, self.act_passes,
-                             None if self.w_res is None else self.w_res.int8, self.w_res_scale)
-        # the exact int32 products of kernels.int8_gemm.int8_gemm_reference, by this CPU's route
-        acc = self.w_q.matmul(x_q)  # (passes * M, out)
-        acc_res = None if self.w_res is None else self.w_res.matmul(x_q[: x.shape[0]])  # (M, out)
-        if self.group is not None:  # row-parallel: one all-reduce for both products, an exact int32 sum
-            summed = self.group.all_reduce_sum(acc if acc_res is None else torch.cat([acc, acc_res]))
-            acc, acc_res = (summed, None) if acc_res is None else summed.split([len(x_q), x.shape[0]])
-        return dequantize(acc, x_scale, self.w_scale, self.bias, self.act_passes, acc_res, self.w_res_scale)
+    def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        """The Triton-lang kernel on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),
+        W's first pass w_scale * 128^(Q-1), its second (the kernel's weight residual) w_scale."""
+        from kernels.int8_gemm import int8_gemm
+
+        passes = self.act_passes
+        x_q = torch.cat(int8_passes(x_int, passes))  # (P * M, in) int8
+        x_scales = torch.cat([x_scale * float(PASS_BASE ** (passes - 1 - i)) for i in range(passes)])
+        w_top = self.w_scale * float(PASS_BASE ** (self.weight_passes - 1))
+        w_res, w_res_scale = (self.w.digits[1], self.w_scale) if self.weight_passes == 2 else (None, None)
+        return int8_gemm(x_q, self.w.digits[0], x_scales, w_top, self.bias, passes, w_res, w_res_scale)
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
