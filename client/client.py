@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -40,17 +41,22 @@ class PrismError(RuntimeError):
 
 class PrismOverloaded(PrismError):
     """Retry later: the server's queue is full or the request waited past its queue timeout, or no
-    replica is up (restarting after a fault). HTTP 503 / gRPC UNAVAILABLE; nothing was decided."""
+    replica is up (restarting after a fault). HTTP 503 / gRPC UNAVAILABLE; nothing was decided.
+    Also Triton's 500 for a dead Python-backend stub, in the instant before `prism serve`'s
+    watchdog notices it and restarts the replica (client/cluster.py)."""
 
 
 OVERLOADED_STATUSES = ("503", "StatusCode.UNAVAILABLE")
+# Triton 2.51's words for a request that reached a dead stub ("Stub process 'prism_decision_0_0'
+# is not healthy."): nothing was decided, and the replica is being restarted.
+DEAD_STUB_MESSAGE = re.compile(r"Stub process '[^']*' is not healthy")
 
 
 def server_error(exc) -> PrismError:
     """A tritonclient InferenceServerException as PrismOverloaded or PrismError."""
-    status = exc.status()
-    kind = PrismOverloaded if status in OVERLOADED_STATUSES else PrismError
-    return kind(exc.message(), status)
+    status, message = exc.status(), exc.message() or ""
+    retryable = status in OVERLOADED_STATUSES or DEAD_STUB_MESSAGE.search(message) is not None
+    return (PrismOverloaded if retryable else PrismError)(message, status)
 
 
 def retry_delays(retries: int, backoff_s: float):

@@ -208,6 +208,10 @@ def test_only_overload_is_a_retryable_error():
     assert type(server_error(InferenceServerException("x", "StatusCode.UNAVAILABLE"))) is PrismOverloaded
     for status in ("400", "500", "StatusCode.INVALID_ARGUMENT", "StatusCode.INTERNAL"):
         assert type(server_error(InferenceServerException("x", status))) is PrismError
+    # a request that reached a dead stub before the watchdog restarted its replica: nothing decided
+    dead = "in ensemble 'prism', Stub process 'prism_decision_0_0' is not healthy."
+    assert type(server_error(InferenceServerException(dead, "500"))) is PrismOverloaded
+    assert type(server_error(InferenceServerException(dead, "StatusCode.INTERNAL"))) is PrismOverloaded
     delays = list(retry_delays(3, 1.0))
     assert len(delays) == 3 and all(0.5 * 2**i <= d <= 1.5 * 2**i for i, d in enumerate(delays))
 

@@ -1,0 +1,103 @@
+"""What one projection costs by each exact integer route on this CPU, next to a plain fp32 GEMM.
+
+    .venv/bin/python bench/gemm_routes.py [--threads 2]
+
+SmolLM2-135M's projection shapes at 760 rows (workload a's forest): for each, the median time of
+  fp32 sgemm          the fp32 path's product (not batch-invariant: MKL may pick its kernel by M)
+  int8 _int_mm        one int8 x int8 -> int32 product (oneDNN; a plain loop without VNNI)
+  fbgemm u8s8         one int8 product by FBGEMM's AVX2 kernel (vpmaddubsw), exact only while
+                      |w| <= 64 (its int16 pair sums saturate beyond); shown as the CPU's int8 rate
+  exact 1+1 (fp32)    one pass each side: an fp32 GEMM of the int8 values, K-chunks <= 1,040
+  exact 2+2 (fp64)    two passes each side (the default): one float64 GEMM of the integers
+  old default         the scheme before 2026-11-30: three exact fp32 products per projection
+and writes bench/results/gemm_routes.md. Without VNNI an int8 product costs what an fp32 one does
+(FBGEMM's row), so an exact path cannot undercut fp32 there by doing int8 arithmetic; it can only
+do fewer products.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import write_result  # noqa: E402
+
+from prism_backend.model.int_matmul import ExactWeight, int_bound  # noqa: E402
+
+ROWS = 760
+SHAPES = {"qkv (576 -> 960)": (576, 960), "o (576 -> 576)": (576, 576), "gate_up (576 -> 3072)": (576, 3072),
+          "down (1536 -> 576)": (1536, 576)}
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def fbgemm_product(x_int8: torch.Tensor, w_small: torch.Tensor):
+    """FBGEMM's exact u8s8 product of int8 activations (+128 zero point) and |w| <= 64 weights, or
+    None where this torch has no FBGEMM."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return None
+    torch.backends.quantized.engine = "fbgemm"
+    n = w_small.shape[1]
+    qw = torch.quantize_per_channel(w_small.t().float().contiguous(), torch.ones(n, dtype=torch.double),
+                                    torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+    packed = torch.ops.quantized.linear_prepack(qw, None)
+    xf = x_int8.float()
+    return lambda: torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(xf, 1.0, 128, packed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        x8 = torch.randint(-127, 128, (ROWS, k), dtype=torch.int8, generator=gen)
+        w8 = torch.randint(-127, 128, (k, n), dtype=torch.int8, generator=gen)
+        xf, wf = x8.float(), w8.float()
+        x2 = torch.randint(-int_bound(2), int_bound(2) + 1, (ROWS, k), generator=gen).float()
+        w2 = torch.randint(-int_bound(2), int_bound(2) + 1, (k, n), generator=gen).float()
+        one, two = ExactWeight(wf, 1, 1, "float"), ExactWeight(w2, 2, 2, "float")
+        x_old = torch.cat([xf, xf])  # the old default: two activation passes stacked ...
+        fb = fbgemm_product(x8, torch.randint(-64, 65, (k, n), dtype=torch.int8, generator=gen))
+        times = {
+            "fp32 sgemm": median_ms(lambda: torch.mm(xf, wf), args.repeats),
+            "int8 _int_mm": median_ms(lambda: torch._int_mm(x8, w8), 1),
+            "fbgemm u8s8": median_ms(fb, args.repeats) if fb else float("nan"),
+            "exact 1+1 (fp32)": median_ms(lambda: one.matmul(xf), args.repeats),
+            "exact 2+2 (fp64)": median_ms(lambda: two.matmul(x2), args.repeats),
+            # ... times the weight, plus the weight residual times the first pass
+            "old default (3 fp32)": median_ms(lambda: (one.matmul(x_old), one.matmul(xf)), args.repeats),
+        }
+        rows.append((name, times))
+    columns = list(rows[0][1])
+    lines = ["# Exact integer products vs fp32, per projection", "",
+             f"`.venv/bin/python bench/gemm_routes.py --threads {args.threads}`: {ROWS} rows, median of "
+             f"{args.repeats} (`_int_mm`: 1 run), ms; CPU capability {torch.backends.cpu.get_cpu_capability()}.", "",
+             "| projection | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for name, times in rows:
+        lines.append(f"| {name} | " + " | ".join(f"{times[c]:.1f}" for c in columns) + " |")
+    totals = {c: sum(t[c] for _, t in rows) for c in columns}
+    lines.append("| **one layer** | " + " | ".join(f"**{totals[c]:.1f}**" for c in columns) + " |")
+    lines += ["", "Per layer relative to fp32 sgemm: " + ", ".join(
+        f"{c} {totals[c] / totals['fp32 sgemm']:.2f}x" for c in columns if c != "fp32 sgemm") + "."]
+    write_result("gemm_routes.md", lines)
+
+
+if __name__ == "__main__":
+    main()
