@@ -93,15 +93,21 @@ class ExactWeight:
         self.route = chosen or (route() if not w_int.is_cuda else "int_mm")
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {self.route!r}")
-        self.digits = int8_passes(w_int, weight_passes)  # (K, N) int8 each; the Triton kernel takes them too
+        self.digits = None  # (K, N) int8 each, most significant first: int_mm and the Triton-lang kernel
         self.fp32_chunks = self.fp64 = None
-        if self.route == "float":
-            if act_passes == weight_passes == 1:
-                self.fp32_chunks = [c.float() for c in self.digits[0].split(EXACT_FP32_K)]  # (<= 1040, N)
-            else:
-                self.fp64 = w_int.double()
-            if not w_int.is_cuda:
-                self.digits = None  # the float copies are all this route needs
+        if self.route == "int_mm":
+            self.digits = int8_passes(w_int, weight_passes)
+        elif act_passes == weight_passes == 1:
+            self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
+        else:
+            self.fp64 = w_int.double()  # (K, N) float64
+
+    def int8_digits(self) -> list[torch.Tensor]:
+        """W's int8 passes (the Triton-lang kernel's operands), made from the float copy on first use."""
+        if self.digits is None:
+            w_int = self.fp64.float() if self.fp64 is not None else torch.cat(self.fp32_chunks)
+            self.digits = int8_passes(w_int, self.weight_passes)
+        return self.digits
 
     def matmul(self, x_int: torch.Tensor) -> torch.Tensor:
         """x_int: (M, K) integer-valued float32, |x_int| <= int_bound(act_passes) -> (M, N) float64,

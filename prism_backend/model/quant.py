@@ -13,8 +13,8 @@ INT8 scheme (W8A8, in passes):
                (int_matmul.py picks the faster exact route for this CPU; the bits cannot differ)
                -- then dequantised in float64 as (acc * x_scale) * w_scale, rounded once to
                float32, plus the bias. On CUDA tensors the Triton-lang kernel runs the int8 passes
-               with the dequantisation fused into its epilogue; it omits the products of the
-               second activation passes with the weight's second pass (~1e-5 of the output).
+               with the dequantisation fused into its epilogue (float32: close to, not bitwise
+               equal to, the CPU's float64 dequantisation).
 Every step is row-wise or exact, so a token's output bits never depend on the other rows.
 """
 from __future__ import annotations
@@ -95,15 +95,24 @@ class Int8Linear:
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """The Triton-lang kernel on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),
-        W's first pass w_scale * 128^(Q-1), its second (the kernel's weight residual) w_scale."""
+        W's first pass w_scale * 128^(Q-1), its second (the kernel's weight residual) w_scale. The
+        kernel multiplies the weight residual by X's first pass only; the products of X's later
+        passes with it come from a second, raw int32 call (|sum| <= 64 * 64 * K: exact in float32)."""
         from kernels.int8_gemm import int8_gemm
 
-        passes = self.act_passes
+        m, passes = x_int.shape[0], self.act_passes
         x_q = torch.cat(int8_passes(x_int, passes))  # (P * M, in) int8
         x_scales = torch.cat([x_scale * float(PASS_BASE ** (passes - 1 - i)) for i in range(passes)])
-        w_top = self.w_scale * float(PASS_BASE ** (self.weight_passes - 1))
-        w_res, w_res_scale = (self.w.digits[1], self.w_scale) if self.weight_passes == 2 else (None, None)
-        return int8_gemm(x_q, self.w.digits[0], x_scales, w_top, self.bias, passes, w_res, w_res_scale)
+        digits = self.w.int8_digits()  # (in, out) int8 each
+        if self.weight_passes == 1:
+            return int8_gemm(x_q, digits[0], x_scales, self.w_scale, self.bias, passes)
+        out = int8_gemm(x_q, digits[0], x_scales, self.w_scale * float(PASS_BASE), self.bias, passes,
+                        digits[1], self.w_scale)
+        if passes > 1:
+            later = int8_gemm(x_q[m:], digits[1]).float()  # ((P - 1) * M, out), raw int32 sums
+            for i in range(1, passes):
+                out.add_(later[(i - 1) * m : i * m].mul_(x_scales[i * m : (i + 1) * m]).mul_(self.w_scale))
+        return out
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
