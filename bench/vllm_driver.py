@@ -28,10 +28,10 @@ from pathlib import Path
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
 
-def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path) -> dict:
+def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path, dtype: str = "bfloat16") -> dict:
     """The benchmarks' side (main virtualenv): run this script in .venv-vllm on `calls`, each a
     list of (prompt ids, candidate ids) submitted together; returns its OUT dict."""
-    spec = {"model_dir": str(model_dir), "prefix_caching": prefix_caching,
+    spec = {"model_dir": str(model_dir), "prefix_caching": prefix_caching, "dtype": dtype,
             "calls": [[{"prompt_ids": p, "candidate_ids": c} for p, c in call] for call in calls]}
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"

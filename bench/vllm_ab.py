@@ -1,0 +1,77 @@
+"""Prism's engine vs vLLM's CPU build on workloads (a) and (b) only: the short form of
+side_by_side.py for a machine where its Hugging Face bf16 and matmul-peak phases take too long
+(CPUs without bf16 instructions).
+
+    .venv/bin/python bench/vllm_ab.py [--repeats 3]
+
+Each engine alone on the same cores, one after another, on the same token ids; every repeat a
+ticket no engine has seen (+1 warm-up ticket). Prism: the engine in-process (prefix cache off) in
+int8 (default and 1+1 passes) and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16
+with prefix caching on and off, and in fp32 with prefix caching on (the faster dtype where the
+CPU has no bf16 instructions). Writes bench/results/vllm_ab.md.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from side_by_side import THREADS, PromptIds, timed, workload_a, workload_b  # noqa: E402
+from vllm_driver import run_vllm  # noqa: E402
+from workloads import write_result  # noqa: E402
+
+from prism_backend.config import EngineConfig  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
+from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    ticket = iter(range(1, 10**6))
+    workloads = {"a: 1 ticket x 3 questions": [workload_a(next(ticket)) for _ in range(args.repeats + 1)],
+                 "b: 3 tickets x 1 question": [workload_b(next(ticket)) for _ in range(args.repeats + 1)]}
+    ids = PromptIds(args.model_dir)
+    prompts = {w: [ids(b) for b in bs] for w, bs in workloads.items()}
+    times: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
+    prism = {"prism int8 (default, 2+2 passes)": {"precision": "int8"},
+             "prism int8 1+1 passes": {"precision": "int8", "act_passes": 1, "weight_passes": 1},
+             "prism fp32": {"precision": "fp32"}}
+    for label, settings in prism.items():
+        print(label, flush=True)
+        pipeline = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS,
+                                                 **settings), REGISTRY)
+        for w, bs in workloads.items():
+            times[w][label] = timed(pipeline.decide_many, bs)
+        del pipeline
+    for label, dtype, on in (("vLLM bf16 prefix on", "bfloat16", True), ("vLLM bf16 prefix off", "bfloat16", False),
+                             ("vLLM fp32 prefix on", "float32", True)):
+        print(label, flush=True)
+        calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
+        seconds = run_vllm(calls, on, args.model_dir, dtype)["seconds"][1:]
+        for i, w in enumerate(workloads):
+            times[w][label] = seconds[i * (args.repeats + 1) + 1 : (i + 1) * (args.repeats + 1)]
+    base = "prism int8 (default, 2+2 passes)"
+    lines = ["# Prism engine vs vLLM's CPU build, workloads (a) and (b)", "",
+             f"`.venv/bin/python bench/vllm_ab.py --repeats {args.repeats}`: {THREADS} thread(s), CPU capability "
+             f"{torch.backends.cpu.get_cpu_capability()}, median of {args.repeats} new tickets per engine, engines "
+             "one after another.", "",
+             "| workload | engine | ms (median) | min-max ms | Prism default speed vs this engine |", "|---|---|---|---|---|"]
+    for w in workloads:
+        ours = statistics.median(times[w][base])
+        for label, t in times[w].items():
+            med = statistics.median(t)
+            lines.append(f"| {w} | {label} | {1000 * med:.0f} | {1000 * min(t):.0f}-{1000 * max(t):.0f} | "
+                         f"{med / ours:.2f}x |")
+    write_result("vllm_ab.md", lines)
+
+
+if __name__ == "__main__":
+    main()
