@@ -6,9 +6,10 @@
     acc_p     = x_q[p * M + m, :] @ w_q[:, n]          exact int32 accumulation
     acc_r     = x_q[m, :] @ w_res[:, n]                 exact int32 accumulation
 
-`passes` is Prism's multi-pass activation quantisation (model/quant.py): pass 1 quantises a row, pass 2
-what pass 1 missed, stacked as extra rows of x_q. `w_res` is the weight's residual pass (what the
-int8 weight missed, quantised again); it multiplies the first activation pass only. The kernel
+`passes` is Prism's multi-pass activation quantisation (model/quant.py): the int8 passes of a row,
+stacked as extra rows of x_q, each with its own scale (Prism's base-128 digits: 128^(P-1-i) times
+the row's scale). `w_res` is the weight's second pass; it multiplies the first activation pass
+only (model/quant.py adds the later passes' products with it from a second, raw call). The kernel
 folds the terms in that fixed order.
 
 Batch invariance: each program owns one (BLOCK_M, BLOCK_N) output tile and walks K in fixed
@@ -148,8 +149,9 @@ def int8_gemm(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor | None
 def int8_gemm_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                         bias: torch.Tensor | None = None, passes: int = 1, w_res: torch.Tensor | None = None,
                         w_res_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The same computation in torch (Prism's CPU path): `torch._int_mm` is exact, then the same
-    epilogue in the same order."""
+    """The same computation in torch, the kernel's test oracle: `torch._int_mm` is exact, then the
+    same epilogue in the same order. (Prism's CPU path computes the same integers by its own exact
+    routes, model/int_matmul.py, and dequantises in float64.)"""
     acc_res = None if w_res is None else torch._int_mm(x_q[: x_q.shape[0] // passes], w_res)
     return dequantize(torch._int_mm(x_q, w_q), x_scale, w_scale, bias, passes, acc_res, w_res_scale)
 
