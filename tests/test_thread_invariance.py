@@ -66,9 +66,15 @@ def test_rotary():
     assert len(bits_per_thread_count(lambda: apply_rotary(x, *table(positions)))) == 1
 
 
+@pytest.mark.parametrize("route", ["int16", "float"])
 @pytest.mark.parametrize("act_passes, weight_passes", [(1, 1), (2, 2)])
 @pytest.mark.parametrize("rows", [1, 5, 760])
-def test_int8_linear(act_passes, weight_passes, rows):
+def test_int8_linear(act_passes, weight_passes, rows, route, monkeypatch):
+    """The AVX2 int16 kernel splits output panels between OpenMP threads, the float route is MKL
+    in strict CNR mode: neither may change a bit with the thread count."""
+    from prism_backend.model import int_matmul
+
+    monkeypatch.setattr(int_matmul, "_route", route)
     torch.manual_seed(rows)
     lin = Int8Linear(torch.randn(1537, 577), torch.randn(1537), ComputeSettings("int8", act_passes, weight_passes))
     x = torch.randn(rows, 577) * torch.linspace(0.1, 9, 577)

@@ -1,26 +1,31 @@
 """Exact integer matrix products on CPU, by whichever exact route is fastest here.
 
-The int8 scheme (quant.py) multiplies integer activations X (M, K), |X| <= 127 * 128^(P-1) for P
-activation passes, by integer weights W (K, N), |W| <= 127 * 128^(Q-1) for Q weight passes. The
-product X @ W is an integer matrix; every route below returns it exactly, as float64 (every value
-is below 2^53), so which route runs can never change a bit:
+The int8 scheme (quant.py) multiplies integer activations X (M, K), |X| <= int_bound(P) for P
+activation passes, by integer weights W (K, N), |W| <= int_bound(Q) for Q weight passes:
+127 for one pass (plain int8), 8191 for two (13 bits), 127 * 128^2 for three. Passes are base-128
+int8 digits (X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64). The product X @ W is an integer
+matrix; every route below returns it exactly, as float64 (every value is below 2^53), so which route
+runs can never change a bit:
 
-  int_mm  X and W cut into their int8 passes (X = sum_i 128^(P-1-i) x_i, likewise W), the P * Q
-          int8 x int8 -> int32 products by `torch._int_mm` (exact int32 accumulation), combined in
-          int64. With VNNI (oneDNN's int8 kernels) this is the fastest product torch has.
-  float   without VNNI (AVX2-only CPUs) `torch._int_mm` is a plain loop: measured on an AVX2
-          EPYC, 2.6 s for a (760, 576) x (576, 1536) product that an fp32 GEMM does in 0.13 s.
-          There an IEEE GEMM of the integer values is exact whenever every partial sum stays an
-          integer the format represents exactly, whatever order the GEMM adds in, with or without
-          FMA:
+  int_mm  the P * Q int8 x int8 -> int32 products of the passes by `torch._int_mm` (exact int32
+          accumulation), combined in int64. With VNNI (oneDNN's int8 kernels) this is the fastest
+          product torch has.
+  int16   without VNNI, int8 arithmetic runs at the float32 FMA rate (and `torch._int_mm` is a plain
+          loop, 29x slower than an fp32 GEMM on an AVX2 EPYC). AVX2's vpmaddwd multiplies int16
+          pairs at that same rate, so kernels/int16_gemm_cpu.py multiplies 13-bit x 13-bit integers
+          in one product, int32 sums over chunks of K that cannot overflow widened to float64: about
+          one float32 GEMM's time (bench/gemm_routes.py), with the dequantisation fused in. This is
+          why two passes mean 13 bits: 2 * 16 * 8191^2 < 2^31, so int32 lanes sum 32 products.
+  float   where the int16 kernel cannot be built (no g++, no AVX2) or the integers do not fit
+          int16 (three activation passes): an IEEE GEMM of the integer values, exact whenever every
+          partial sum stays an integer the format represents, whatever order it adds in:
           - one pass each side (|x|, |w| <= 127): float32, K cut into chunks of at most 1,040
             (1040 * 127^2 < 2^24), each chunk's exact result summed in float64;
-          - more passes: one float64 GEMM (two passes each: |X W| <= 16256^2 * K < 2^53 for any
-            K below 34 million). One float64 GEMM costs about two float32 ones here, i.e. four
-            int8 products' worth of precision for the price of two: the reason this route exists.
+          - more passes: one float64 GEMM (|X W| <= 2080768 * 8191 * K < 2^53 for K below 500,000).
 
-The route is chosen by timing `torch._int_mm` against a float32 GEMM once per process (or forced
-with PRISM_INT8_ROUTE=int_mm|float, for tests and benchmarks).
+The route is chosen once per process: `int_mm` where one int8 product is at least twice as fast as a
+float32 GEMM (timed), else `int16` where its kernel builds, else `float`; PRISM_INT8_ROUTE forces one
+(tests, benchmarks).
 """
 from __future__ import annotations
 
@@ -29,15 +34,18 @@ import time
 
 import torch
 
+from kernels import int16_gemm_cpu
+
 EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
 PASS_BASE = 128  # passes are base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
-ROUTES = ("int_mm", "float")
+BOUNDS = {1: 127, 2: 8191, 3: 127 * PASS_BASE**2}
+ROUTES = ("int_mm", "int16", "float")
 _route: str | None = None
 
 
 def int_bound(passes: int) -> int:
-    """The largest |integer| of a `passes`-pass quantisation: 127, 16256, 2080768."""
-    return 127 * PASS_BASE ** (passes - 1)
+    """The largest |integer| of a `passes`-pass quantisation: 127, 8191 (13 bits), 2080768."""
+    return BOUNDS[passes]
 
 
 def int8_passes(x: torch.Tensor, passes: int) -> list[torch.Tensor]:
@@ -60,15 +68,16 @@ def _time(fn, repeats: int = 3) -> float:
 
 
 def route() -> str:
-    """The CPU route of this process: PRISM_INT8_ROUTE if set, else `int_mm` where one int8 product
-    is at least twice as fast as a float32 GEMM of the same size (VNNI), `float` otherwise; timed
-    once on a SmolLM2-sized product (~0.1 s with VNNI, ~1 s without)."""
+    """The CPU route of this process (see the module docstring); timed once on a SmolLM2-sized
+    product (~0.1 s with VNNI, ~1 s without)."""
     global _route
     if _route is None:
         forced = os.environ.get("PRISM_INT8_ROUTE", "")
         if forced:
             if forced not in ROUTES:
                 raise ValueError(f"PRISM_INT8_ROUTE must be one of {ROUTES}, got {forced!r}")
+            if forced == "int16" and int16_gemm_cpu.load() is None:
+                raise RuntimeError(f"PRISM_INT8_ROUTE=int16: {int16_gemm_cpu.why_not()}")
             _route = forced
         else:
             gen = torch.Generator().manual_seed(0)
@@ -77,41 +86,52 @@ def route() -> str:
             xf, wf = x.float(), w.float()
             int_mm = _time(lambda: torch._int_mm(x, w))
             fp32 = _time(lambda: torch.mm(xf, wf))
-            # with two passes a side, int_mm runs four products where the float route runs one
-            # float64 GEMM (~ two float32 ones)
-            _route = "int_mm" if 2 * int_mm <= fp32 else "float"
+            # two passes a side: int_mm runs four products where the other routes run one product
+            # at about the float32 (int16) or twice the float32 (float64) cost
+            if 2 * int_mm <= fp32:
+                _route = "int_mm"
+            else:
+                _route = "int16" if int16_gemm_cpu.load() is not None else "float"
     return _route
 
 
 class ExactWeight:
     """An integer weight W (K, N), prepared for one route: int8 digits for `int_mm` (and for the
-    Triton-lang kernel), float32 K-chunks (one pass each side) or a float64 copy for `float`."""
+    Triton-lang kernel), int16 panels for `int16`, float32 K-chunks (one pass each side) or a float64
+    copy for `float`."""
 
     def __init__(self, w_int: torch.Tensor, act_passes: int, weight_passes: int, chosen: str | None = None):
         """w_int: (K, N) integer-valued float32, |w_int| <= int_bound(weight_passes)."""
         self.act_passes, self.weight_passes = act_passes, weight_passes
+        self.x_bound, self.w_bound = int_bound(act_passes), int_bound(weight_passes)
         self.route = chosen or (route() if not w_int.is_cuda else "int_mm")
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {self.route!r}")
+        if self.route == "int16" and not int16_gemm_cpu.fits(self.x_bound, self.w_bound):
+            self.route = "float"  # three activation passes: integers beyond int16
         self.digits = None  # (K, N) int8 each, most significant first: int_mm and the Triton-lang kernel
-        self.fp32_chunks = self.fp64 = None
+        self.int16 = self.fp32_chunks = self.fp64 = None
         if self.route == "int_mm":
             self.digits = int8_passes(w_int, weight_passes)
+        elif self.route == "int16":
+            self.int16 = int16_gemm_cpu.PackedWeight(w_int, self.w_bound)
         elif act_passes == weight_passes == 1:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
         else:
             self.fp64 = w_int.double()  # (K, N) float64
+        self._w_int = w_int if self.digits is None else None  # for int8_digits() on GPU-less routes
 
     def int8_digits(self) -> list[torch.Tensor]:
-        """W's int8 passes (the Triton-lang kernel's operands), made from the float copy on first use."""
+        """W's int8 passes (the Triton-lang kernel's operands), made on first use."""
         if self.digits is None:
-            w_int = self.fp64.float() if self.fp64 is not None else torch.cat(self.fp32_chunks)
-            self.digits = int8_passes(w_int, self.weight_passes)
+            self.digits = int8_passes(self._w_int, self.weight_passes)
         return self.digits
 
     def matmul(self, x_int: torch.Tensor) -> torch.Tensor:
         """x_int: (M, K) integer-valued float32, |x_int| <= int_bound(act_passes) -> (M, N) float64,
         exactly x_int @ w_int."""
+        if self.int16 is not None:
+            return self.int16.matmul(x_int, self.x_bound)
         if self.fp64 is not None:
             return torch.mm(x_int.double(), self.fp64)
         if self.fp32_chunks is not None:
@@ -131,3 +151,19 @@ class ExactWeight:
                 part = acc[i * m : (i + 1) * m] * weight
                 out = part if out is None else out.add_(part)
         return out.double()
+
+    def linear(self, x_int: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+        """The dequantised product: x_int (M, K) with x_scale (M, 1), w_scale (N,) float32 ->
+        (M, N) float32 ((X @ W) * x_scale) * w_scale in float64 rounded once, plus bias (N,).
+        Fused into the int16 kernel, the same operations in torch elsewhere: the same bits."""
+        if self.int16 is not None:
+            return self.int16.matmul(x_int, self.x_bound, x_scale, w_scale, bias)
+        return dequantize(self.matmul(x_int), x_scale, w_scale, bias)
+
+
+def dequantize(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """acc (M, N) float64 exact integers -> float32 (acc * x_scale) * w_scale, rounded once, + bias."""
+    out = acc.mul_(x_scale.double()).mul_(w_scale.double()).float()
+    return out if bias is None else out.add_(bias)

@@ -2,19 +2,18 @@
 
 INT8 scheme (W8A8, in passes):
   weights      symmetric per output channel, quantised once at load to integers W with
-               |W| <= 127 * 128^(weight_passes - 1): with 1 pass plain int8; with 2, W's base-128
-               digits are two int8 passes (the second one is what the first missed). One pass
-               leaves ~0.2% rounding in every weight, the same in every token: a slightly different
-               model whose probabilities sit ~0.02 off fp32; two passes take that to ~1e-4.
-  activations  symmetric per token at run time, likewise in `act_passes` base-128 int8 passes
-               (|X| <= 127 * 128^(act_passes - 1)).
+               |W| <= int_bound(weight_passes): 127 with 1 pass (plain int8), 8191 (13 bits) with 2,
+               whose base-128 digits are two int8 passes (the second one is what the first missed).
+               One pass leaves ~0.2% rounding in every weight, the same in every token: a slightly
+               different model whose probabilities sit ~0.02 off fp32; two passes take that to ~1e-3.
+  activations  symmetric per token at run time, likewise in `act_passes` passes (|X| <= int_bound).
   product      X @ W, exact: every int8 pass of X times every int8 pass of W with int32
-               accumulation, combined in int64 -- or one exact float GEMM of the same integers
-               (int_matmul.py picks the faster exact route for this CPU; the bits cannot differ)
-               -- then dequantised in float64 as (acc * x_scale) * w_scale, rounded once to
-               float32, plus the bias. On CUDA tensors the Triton-lang kernel runs the int8 passes
-               with the dequantisation fused into its epilogue (float32: close to, not bitwise
-               equal to, the CPU's float64 dequantisation).
+               accumulation, combined in int64 -- or one exact int16 or float product of the same
+               integers (int_matmul.py picks the fastest exact route for this CPU; the bits cannot
+               differ) -- then dequantised in float64 as (acc * x_scale) * w_scale, rounded once to
+               float32, plus the bias (fused into the int16 kernel, the same operations). On CUDA
+               tensors the Triton-lang kernel runs the int8 passes with the dequantisation fused
+               into its epilogue (float32: close to, not bitwise equal to, the CPU's float64 one).
 Every step is row-wise or exact, so a token's output bits never depend on the other rows.
 """
 from __future__ import annotations
@@ -22,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .int_matmul import PASS_BASE, ExactWeight, int8_passes, int_bound
+from .int_matmul import PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound
 
 from ..config import ComputeSettings
 
@@ -87,11 +86,11 @@ class Int8Linear:
         x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1)
         if use_triton(self.kernels, x) and self.group is None:
             return self._triton(x_int, x_scale)
+        if self.group is None:
+            return self.w.linear(x_int, x_scale, self.w_scale, self.bias)  # (M, out) float32
         acc = self.w.matmul(x_int)  # (M, out) float64, exact integers
-        if self.group is not None:  # row-parallel: an exact sum of integers below 2^53
-            acc = self.group.all_reduce_sum(acc)
-        out = acc.mul_(x_scale.double()).mul_(self.w_scale.double()).float()
-        return out if self.bias is None else out.add_(self.bias)
+        # row-parallel: an exact sum of integers below 2^53, then the same dequantisation
+        return dequantize(self.group.all_reduce_sum(acc), x_scale, self.w_scale, self.bias)
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """The Triton-lang kernel on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),

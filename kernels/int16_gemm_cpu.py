@@ -1,0 +1,146 @@
+"""The exact int16 GEMM for AVX2 CPUs (csrc/int16_gemm.cpp), built with g++ on first use.
+
+Why it exists: on CPUs without VNNI, int8 arithmetic runs at the float32 FMA rate, so Prism's exact
+products used to cost one float64 GEMM (2x a float32 one). AVX2's vpmaddwd multiplies int16 pairs
+at the FMA rate too, so a 13-bit x 13-bit exact product with int32 partial sums costs about one
+float32 GEMM. Its torch reference is `x_int.double() @ w_int.double()` (tests/test_int16_gemm.py).
+
+The shared library is compiled once per source version (its name carries a hash of the source and
+flags) into the first writable folder of: PRISM_KERNEL_CACHE, kernels/lib next to this file (an
+exported model repository carries it there, for servers without g++), $XDG_CACHE_HOME/prism/kernels
+or ~/.cache/prism/kernels, a temporary folder; a library already in any of them is used as it is.
+It is loaded with ctypes, which releases the GIL for the call. Where it cannot be built or loaded
+(no g++, no AVX2, another architecture) `load()` returns None and callers use another exact route.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "int16_gemm.cpp"
+PANEL = 16  # output columns per packed panel (NR in the source)
+INT32_MAX = 2**31 - 1
+# -ffp-contract=off: the fused epilogue must round exactly as torch's unfused one does
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC"]
+
+_lib = None
+_why_not: str | None = None
+
+
+PACKAGE_LIB = Path(__file__).parent / "lib"
+
+
+def _cache_dirs() -> list[Path]:
+    env = [Path(os.environ["PRISM_KERNEL_CACHE"])] if os.environ.get("PRISM_KERNEL_CACHE") else []
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "kernels"
+    return [*env, PACKAGE_LIB, user, Path(tempfile.gettempdir()) / f"prism-kernels-{os.getuid()}"]
+
+
+def library_name() -> str:
+    return f"int16_gemm-{hashlib.sha256(SOURCE.read_bytes() + ' '.join(FLAGS).encode()).hexdigest()[:16]}.so"
+
+
+def _build() -> Path:
+    """The library's path: found in a cache folder, else compiled into the first writable one."""
+    folders = _cache_dirs()
+    for folder in folders:
+        if (folder / library_name()).exists():
+            return folder / library_name()
+    errors = []
+    for folder in folders:
+        target = folder / library_name()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = folder / f".{target.name}.{os.getpid()}"  # instances may build at once: rename is atomic
+            subprocess.run(["g++", *FLAGS, "-o", str(partial), str(SOURCE)], check=True, capture_output=True, text=True)
+            os.replace(partial, target)
+            return target
+        except (OSError, subprocess.CalledProcessError) as exc:
+            errors.append(f"{folder}: {getattr(exc, 'stderr', '') or exc}")
+    raise RuntimeError("; ".join(errors))
+
+
+def load():
+    """The loaded library, or None where it cannot be built here (why_not() says why)."""
+    global _lib, _why_not
+    if _lib is None and _why_not is None:
+        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+            _why_not = f"needs AVX2, this CPU: {torch.backends.cpu.get_cpu_capability()}"
+            return None
+        try:
+            lib = ctypes.CDLL(str(_build()))
+        except (OSError, RuntimeError) as exc:
+            _why_not = f"could not build {SOURCE.name}: {exc}"
+            return None
+        lib.prism_int16_gemm.restype = None
+        lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_int]
+        _lib = lib
+    return _lib
+
+
+def built_library() -> Path | None:
+    """The path of the loadable library (building it if needed), or None where it cannot be."""
+    return _build() if load() is not None else None
+
+
+def why_not() -> str | None:
+    return _why_not
+
+
+def chunk_pairs(x_bound: int, w_bound: int) -> int:
+    """How many k-pairs an int32 lane may sum without any possibility of overflow."""
+    return max(1, INT32_MAX // (2 * x_bound * w_bound))
+
+
+def fits(x_bound: int, w_bound: int) -> bool:
+    """Whether integers of these bounds can use this kernel (int16 operands, no overflow in one pair)."""
+    return max(x_bound, w_bound) < 2**15 and 2 * x_bound * w_bound <= INT32_MAX
+
+
+class PackedWeight:
+    """An integer weight W (K, N), |W| <= w_bound, packed into the kernel's panels."""
+
+    def __init__(self, w_int: torch.Tensor, w_bound: int):
+        """w_int: (K, N) integer-valued tensor."""
+        k, n = w_int.shape
+        self.k, self.n, self.w_bound = k, n, w_bound
+        self.kpairs, panels = (k + 1) // 2, -(-n // PANEL)
+        padded = torch.zeros(2 * self.kpairs, panels * PANEL, dtype=torch.int16)
+        padded[:k, :n] = w_int.to(torch.int16)
+        # (2*kpairs, panels*16) -> (panels, kpairs, 16, 2): a k-pair of one column is adjacent
+        self.packed = padded.view(self.kpairs, 2, panels, PANEL).permute(2, 0, 3, 1).contiguous()
+
+    def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x_int: (M, K) integer-valued, |x_int| <= x_bound. Without scales -> (M, N) float64, exactly
+        x_int @ W; with x_scale (M,) and w_scale (N,) float32 -> (M, N) float32, the dequantised
+        ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
+        lib = load()
+        if lib is None:
+            raise RuntimeError(f"the int16 kernel is not available here: {_why_not}")
+        if not fits(x_bound, self.w_bound):
+            raise ValueError(f"integers up to {x_bound} x {self.w_bound} do not fit the int16 kernel")
+        m = x_int.shape[0]
+        x16 = x_int.to(torch.int16)
+        if self.k % 2:
+            x16 = torch.nn.functional.pad(x16, (0, 1))
+        x16 = x16.contiguous()
+        args = [None, None, None]
+        if x_scale is not None:
+            out = torch.empty(m, self.n, dtype=torch.float32)
+            kept = [x_scale.reshape(m).float().contiguous(), w_scale.float().contiguous(),
+                    None if bias is None else bias.float().contiguous()]
+            args = [None if t is None else t.data_ptr() for t in kept]
+        else:
+            out = torch.empty(m, self.n, dtype=torch.float64)
+        lib.prism_int16_gemm(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.n,
+                             chunk_pairs(x_bound, self.w_bound), *args, out.data_ptr(), torch.get_num_threads())
+        return out

@@ -1,0 +1,119 @@
+"""The AVX2 int16 kernel (kernels/csrc/int16_gemm.cpp) against its torch reference, the float64
+product of the same integers: exact at the bounds, for awkward shapes, at any thread count, with its
+fused dequantisation giving the bits of the unfused torch epilogue, and built once into its cache."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import int16_gemm_cpu
+from kernels.int16_gemm_cpu import PackedWeight, chunk_pairs, fits
+from prism_backend.model.int_matmul import dequantize, int_bound
+from prism_backend.reproducibility import torch_threads
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                                reason="the int16 kernel is for x86 CPUs with AVX2")
+
+
+def extreme_integers(m: int, k: int, n: int, xb: int, wb: int, seed: int = 0):
+    """Random integers within the bounds, with rows/columns that make every product the largest
+    possible (+ and -): the sums an int32 chunk must hold without overflow."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-xb, xb + 1, (m, k), generator=gen).float()
+    w = torch.randint(-wb, wb + 1, (k, n), generator=gen).float()
+    x[0], w[:, 0] = xb, wb
+    if m > 1:
+        x[1] = -xb
+    if n > 1:
+        w[:, 1] = -wb
+    return x, w
+
+
+def test_the_kernel_builds_on_this_machine():
+    """CI machines are AVX2 x86 with g++: the route must really be there, not silently skipped."""
+    assert int16_gemm_cpu.load() is not None, int16_gemm_cpu.why_not()
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (6, 2, 16), (7, 1536, 192), (37, 1100, 1537),
+                                     (13, 31, 3)])
+@pytest.mark.parametrize("passes", [(1, 1), (2, 2), (2, 1), (1, 2)])
+def test_exact_at_the_bounds(m, k, n, passes):
+    xb, wb = int_bound(passes[0]), int_bound(passes[1])
+    x, w = extreme_integers(m, k, n, xb, wb, seed=m * k + n)
+    got = PackedWeight(w, wb).matmul(x, xb)
+    assert got.dtype == torch.float64 and torch.equal(got, x.double() @ w.double())
+    assert got[0, 0] == k * xb * wb  # the largest possible sum really was computed
+
+
+def test_the_chunk_is_what_keeps_int32_exact():
+    """The chunk is the largest that cannot overflow, and one more k-pair per chunk does overflow:
+    the widening to float64 is what makes 13-bit x 13-bit exact."""
+    xb = wb = int_bound(2)
+    chunk = chunk_pairs(xb, wb)
+    assert 2 * chunk * xb * wb <= 2**31 - 1 < 2 * (chunk + 1) * xb * wb
+    x, w = extreme_integers(3, 4 * chunk + 6, 20, xb, wb)
+    packed = PackedWeight(w, wb)
+    out = torch.empty(3, 20, dtype=torch.float64)
+    x16 = x.to(torch.int16).contiguous()
+    int16_gemm_cpu.load().prism_int16_gemm(x16.data_ptr(), 3, packed.kpairs, packed.packed.data_ptr(), 20,
+                                           chunk + 1, None, None, None, out.data_ptr(), 1)
+    assert out[0, 0] != x[0].double() @ w[:, 0].double()
+
+
+def test_fits():
+    assert fits(int_bound(2), int_bound(2)) and fits(127, 127)
+    assert not fits(int_bound(3), int_bound(2))  # three activation passes: the float route
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("m, k, n", [(1, 576, 1536), (37, 577, 19), (760, 1536, 576)])
+def test_fused_dequantisation_equals_the_torch_epilogue(m, k, n, bias):
+    xb = wb = int_bound(2)
+    x, w = extreme_integers(m, k, n, xb, wb, seed=k)
+    gen = torch.Generator().manual_seed(1)
+    x_scale = torch.rand(m, 1, generator=gen) * 1e-3
+    w_scale = torch.rand(n, generator=gen) * 1e-4
+    b = torch.randn(n, generator=gen) if bias else None
+    packed = PackedWeight(w, wb)
+    fused = packed.matmul(x, xb, x_scale, w_scale, b)
+    assert fused.dtype == torch.float32
+    assert torch.equal(fused, dequantize(packed.matmul(x, xb), x_scale, w_scale, b))
+
+
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 760])
+def test_rows_and_thread_counts_cannot_change_a_bit(m):
+    xb = wb = int_bound(2)
+    x, w = extreme_integers(760, 1537, 577, xb, wb, seed=m)
+    x_scale, w_scale = torch.rand(760, 1) * 1e-3, torch.rand(577) * 1e-4
+    packed = PackedWeight(w, wb)
+    with torch_threads(1):
+        full = packed.matmul(x, xb, x_scale, w_scale, None)
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            rows = packed.matmul(x[:m], xb, x_scale[:m], w_scale, None)
+        assert torch.equal(rows, full[:m]), threads
+
+
+def test_built_once_into_its_package(tmp_path):
+    """A fresh copy of the kernels package, with empty user caches: the first process compiles into
+    the package's lib/ (what an export carries), the next one loads that file without building."""
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__", "lib"))
+    code = "from kernels import int16_gemm_cpu as k; assert k.load() is not None, k.why_not(); print(k._build())"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "TMPDIR": str(tmp_path / "tmp")}
+    env.pop("PRISM_KERNEL_CACHE", None)
+    first = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    built = Path(first.strip())
+    assert built.parent == tmp_path / "kernels" / "lib" and built.exists()
+    mtime = built.stat().st_mtime_ns
+    second = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert second == first and built.stat().st_mtime_ns == mtime
+    assert [p.name for p in built.parent.iterdir()] == [built.name]  # no partial files left
+    assert not (tmp_path / "xdg").exists()
+    ctypes.CDLL(str(built))  # a loadable library
