@@ -78,12 +78,22 @@ def load():
         except (OSError, RuntimeError) as exc:
             _why_not = f"could not build {SOURCE.name}: {exc}"
             return None
+        lib.prism_quantize_rows.restype = None
+        lib.prism_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                            ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.prism_int16_gemm.restype = None
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                          ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_int]
         _lib = lib
     return _lib
+
+
+def _library():
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"the int16 kernel is not available here: {_why_not}")
+    return lib
 
 
 def built_library() -> Path | None:
@@ -118,19 +128,28 @@ class PackedWeight:
         # (2*kpairs, panels*16) -> (panels, kpairs, 16, 2): a k-pair of one column is adjacent
         self.packed = padded.view(self.kpairs, 2, panels, PANEL).permute(2, 0, 3, 1).contiguous()
 
+    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (M, K) float32 -> its per-row integers as the kernel's int16 operand (M, 2 * kpairs)
+        and the row scales (M, 1) float32: quant.py's symmetric rounding in one pass, same bits."""
+        x = x.float().contiguous()
+        m = x.shape[0]
+        x16 = torch.empty(m, 2 * self.kpairs, dtype=torch.int16)
+        scale = torch.empty(m, 1, dtype=torch.float32)
+        _library().prism_quantize_rows(x.data_ptr(), m, self.k, x_bound, x16.data_ptr(), 2 * self.kpairs,
+                                       scale.data_ptr(), torch.get_num_threads())
+        return x16, scale
+
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x_int: (M, K) integer-valued, |x_int| <= x_bound. Without scales -> (M, N) float64, exactly
-        x_int @ W; with x_scale (M,) and w_scale (N,) float32 -> (M, N) float32, the dequantised
-        ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
-        lib = load()
-        if lib is None:
-            raise RuntimeError(f"the int16 kernel is not available here: {_why_not}")
+        """x_int: (M, K) integer-valued, |x_int| <= x_bound, or quantize()'s int16 operand. Without
+        scales -> (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) float32 ->
+        (M, N) float32, the dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
+        lib = _library()
         if not fits(x_bound, self.w_bound):
             raise ValueError(f"integers up to {x_bound} x {self.w_bound} do not fit the int16 kernel")
         m = x_int.shape[0]
-        x16 = x_int.to(torch.int16)
-        if self.k % 2:
+        x16 = x_int if x_int.dtype == torch.int16 and x_int.shape[1] == 2 * self.kpairs else x_int.to(torch.int16)
+        if x16.shape[1] != 2 * self.kpairs:
             x16 = torch.nn.functional.pad(x16, (0, 1))
         x16 = x16.contiguous()
         args = [None, None, None]

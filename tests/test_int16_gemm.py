@@ -117,3 +117,27 @@ def test_built_once_into_its_package(tmp_path):
     assert [p.name for p in built.parent.iterdir()] == [built.name]  # no partial files left
     assert not (tmp_path / "xdg").exists()
     ctypes.CDLL(str(built))  # a loadable library
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("m, k", [(1, 576), (7, 577), (33, 1536), (3, 5)])
+def test_quantisation_equals_the_torch_one(m, k, passes):
+    """The kernel's one-pass row quantisation gives quant.py's integers and scales, bit for bit:
+    ties at .5 (round half to even), an all-zero row, tiny and huge rows, outlier channels."""
+    from prism_backend.model.int_matmul import ExactWeight
+    from prism_backend.model.quant import _round_to_grid, _symmetric_scale
+
+    bound = int_bound(passes)
+    gen = torch.Generator().manual_seed(m * k)
+    x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 9, k)
+    x[0, :4] = torch.tensor([2.5, -2.5, 3.5, 0.5]) * (x[0].abs().max() / bound)  # exact ties after the division
+    if m > 2:
+        x[1] = 0.0
+        x[2] *= 1e-30
+    packed = PackedWeight(torch.zeros(k, 3), bound)
+    x16, scale = packed.quantize(x, bound)
+    ref_scale = _symmetric_scale(x.abs().amax(dim=1, keepdim=True), bound)
+    ref = _round_to_grid(x, ref_scale, bound)
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(x16[:, :k].float(), ref) and not x16[:, k:].any()
+    assert ExactWeight(torch.zeros(k, 3), passes, passes, "int16").route == "int16"

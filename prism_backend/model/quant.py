@@ -83,6 +83,9 @@ class Int8Linear:
         return _round_to_grid(x, scale, self.act_bound), scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w.int16 is not None and self.group is None:  # the AVX2 kernel: quantise, multiply, dequantise
+            x16, x_scale = self.w.int16.quantize(x, self.act_bound)  # (M, in (even)) int16, (M, 1)
+            return self.w.int16.matmul(x16, self.act_bound, x_scale, self.w_scale, self.bias)
         x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1)
         if use_triton(self.kernels, x) and self.group is None:
             return self._triton(x_int, x_scale)
