@@ -8,11 +8,13 @@ SmolLM2-135M's projection shapes at 760 rows (workload a's forest): for each, th
   fbgemm u8s8         one int8 product by FBGEMM's AVX2 kernel (vpmaddubsw), exact only while
                       |w| <= 64 (its int16 pair sums saturate beyond); shown as the CPU's int8 rate
   exact 1+1 (fp32)    one pass each side: an fp32 GEMM of the int8 values, K-chunks <= 1,040
-  exact 2+2 (fp64)    two passes each side (the default): one float64 GEMM of the integers
+  exact 2+2 (int16)   two passes each side (the default, 13-bit integers) by the AVX2 int16 kernel
+                      (kernels/int16_gemm_cpu.py): the route Prism takes on CPUs without VNNI
+  exact 2+2 (fp64)    the same integers by one float64 GEMM (the route without the int16 kernel)
   old default         the scheme before 2026-11-30: three exact fp32 products per projection
 and writes bench/results/gemm_routes.md. Without VNNI an int8 product costs what an fp32 one does
-(FBGEMM's row), so an exact path cannot undercut fp32 there by doing int8 arithmetic; it can only
-do fewer products.
+(FBGEMM's row), so an exact path cannot undercut fp32 there by doing int8 arithmetic; what it can do
+is one product per projection at the fp32 rate, which vpmaddwd on 13-bit integers gives.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def fbgemm_product(x_int8: torch.Tensor, w_small: torch.Tensor):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
@@ -73,6 +75,7 @@ def main() -> None:
         x2 = torch.randint(-int_bound(2), int_bound(2) + 1, (ROWS, k), generator=gen).float()
         w2 = torch.randint(-int_bound(2), int_bound(2) + 1, (k, n), generator=gen).float()
         one, two = ExactWeight(wf, 1, 1, "float"), ExactWeight(w2, 2, 2, "float")
+        two16 = ExactWeight(w2, 2, 2, "int16")
         x_old = torch.cat([xf, xf])  # the old default: two activation passes stacked ...
         fb = fbgemm_product(x8, torch.randint(-64, 65, (k, n), dtype=torch.int8, generator=gen))
         times = {
@@ -80,6 +83,7 @@ def main() -> None:
             "int8 _int_mm": median_ms(lambda: torch._int_mm(x8, w8), 1),
             "fbgemm u8s8": median_ms(fb, args.repeats) if fb else float("nan"),
             "exact 1+1 (fp32)": median_ms(lambda: one.matmul(xf), args.repeats),
+            "exact 2+2 (int16)": median_ms(lambda: two16.matmul(x2), args.repeats),
             "exact 2+2 (fp64)": median_ms(lambda: two.matmul(x2), args.repeats),
             # ... times the weight, plus the weight residual times the first pass
             "old default (3 fp32)": median_ms(lambda: (one.matmul(x_old), one.matmul(xf)), args.repeats),

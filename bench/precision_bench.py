@@ -3,9 +3,10 @@
     .venv/bin/python bench/precision_bench.py [--repeats 5]
 
 The same forests (bench/workloads.py, prefix cache off) through engines differing only in
-precision: fp32 and the int8 pass ladder (model/quant.py): one pass each side (plain W8A8: one
-exact float32 GEMM per projection without VNNI), two activation passes with one weight pass, two
-each (the default: one exact float64 GEMM per projection without VNNI). Repeats are interleaved
+precision: fp32 and the int8 pass ladder (model/quant.py): one pass each side (plain W8A8), two
+activation passes (13 bits) with one weight pass, two each (the default, 13 x 13 bits). Without VNNI
+every one of them is one exact int16 GEMM per projection (kernels/int16_gemm_cpu.py); the route in
+use is printed with the results. Repeats are interleaved
 across engines so machine noise hits all alike. Besides the time, each int8 variant's largest
 |p - p_fp32| over the workload's decisions (the eval, evals/run_eval.py, measures accuracy at scale).
 Writes bench/results/precision.md.
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
+from prism_backend.model.int_matmul import route  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
@@ -60,7 +62,7 @@ def main() -> None:
     lines = ["# Prism engine: int8 vs fp32", "",
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats}` on CPU(s) "
              f"{sorted(os.sched_getaffinity(0))}, {threads} thread(s), prefix cache off, median of "
-             f"{args.repeats} interleaved runs.", "",
+             f"{args.repeats} interleaved runs; int8 route `{route()}`.", "",
              "| workload | engine | ms (median) | min-max ms | time / fp32 | max abs(p - p_fp32) |",
              "|---|---|---|---|---|---|"]
     for workload in WORKLOADS:
