@@ -43,3 +43,17 @@ def test_eval_slice_runs(tmp_path):
     all_row = next(line for line in report.splitlines() if line.startswith("| **all** |")).split("|")
     decisions, agree_int8 = int(all_row[2]), float(all_row[6])
     assert decisions == 14 and agree_int8 >= 0.85
+
+
+def test_report_without_the_bf16_reference():
+    """`run_eval.py --no-bf16`: the bf16 columns read nan, the int8 and fp32 ones are computed."""
+    sys.path.insert(0, str(REPO_ROOT / "evals"))
+    from run_eval import report
+
+    per_set = {"ticket_team": {"acc_int8": [True, False], "acc_fp32": [True, True], "agree_int8": [True, False],
+                               "err_int8": [0.001, 0.003]}}
+    text = report(per_set, {"fp32": 1.0, "int8": 2.0}, 2)
+    row = next(line for line in text.splitlines() if line.startswith("| **all** |")).split("|")
+    assert [c.strip() for c in row[2:12]] == ["2", "0.500", "1.000", "nan", "0.500", "nan", "0.0020", "nan",
+                                              "0.0030", "nan"]
+    assert "int8 - fp32 = -50.00 points" in text
