@@ -127,6 +127,15 @@ def test_exported_repository_holds_no_path_of_this_checkout(exported):
     assert 'key: "model_dir" value: { string_value: "checkpoint" }' in decision
 
 
+def test_exported_repository_carries_the_int16_kernel(exported):
+    """Built here, so a server without g++ multiplies with it as `prism serve` does."""
+    from kernels import int16_gemm_cpu
+
+    for model in ("prism_decision", "prism_tokenizer", "prism_postprocess"):
+        assert (exported / model / "kernels" / "lib" / int16_gemm_cpu.library_name()).is_file(), model
+        assert not list((exported / model / "kernels").glob("lib/.*")), "a partial build was exported"
+
+
 def tree_digest(root: Path) -> dict[str, str]:
     digests = {}
     for path in sorted(root.rglob("*")):
