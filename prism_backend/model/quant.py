@@ -83,17 +83,16 @@ class Int8Linear:
         return _round_to_grid(x, scale, self.act_bound), scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w.int16 is not None and self.group is None:  # the AVX2 kernel: quantise, multiply, dequantise
+        if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised
+            x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1) with the all-reduced maxima
+            return dequantize(self.group.all_reduce_sum(self.w.matmul(x_int)), x_scale, self.w_scale, self.bias)
+        if use_triton(self.kernels, x):
+            return self._triton(*self.quantize_activations(x))
+        if self.w.int16 is not None:  # the AVX2 kernel: quantise, multiply, dequantise in one library
             x16, x_scale = self.w.int16.quantize(x, self.act_bound)  # (M, in (even)) int16, (M, 1)
             return self.w.int16.matmul(x16, self.act_bound, x_scale, self.w_scale, self.bias)
         x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1)
-        if use_triton(self.kernels, x) and self.group is None:
-            return self._triton(x_int, x_scale)
-        if self.group is None:
-            return self.w.linear(x_int, x_scale, self.w_scale, self.bias)  # (M, out) float32
-        acc = self.w.matmul(x_int)  # (M, out) float64, exact integers
-        # row-parallel: an exact sum of integers below 2^53, then the same dequantisation
-        return dequantize(self.group.all_reduce_sum(acc), x_scale, self.w_scale, self.bias)
+        return self.w.linear(x_int, x_scale, self.w_scale, self.bias)  # (M, out) float32
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """The Triton-lang kernel on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),
