@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "int16_gemm.cpp"
+PACKAGE_LIB = Path(__file__).parent / "lib"
 PANEL = 16  # output columns per packed panel (NR in the source)
 INT32_MAX = 2**31 - 1
 # -ffp-contract=off: the fused epilogue must round exactly as torch's unfused one does
@@ -31,9 +32,6 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-std=c++17"
 
 _lib = None
 _why_not: str | None = None
-
-
-PACKAGE_LIB = Path(__file__).parent / "lib"
 
 
 def _cache_dirs() -> list[Path]:
@@ -66,12 +64,21 @@ def _build() -> Path:
     raise RuntimeError("; ".join(errors))
 
 
+def has_avx2() -> bool:
+    """Whether this CPU runs the library's instructions (AVX2 and FMA; x86 only)."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return {"avx2", "fma"} <= set(line.split(":", 1)[1].split())
+
+
 def load():
     """The loaded library, or None where it cannot be built here (why_not() says why)."""
     global _lib, _why_not
     if _lib is None and _why_not is None:
-        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-            _why_not = f"needs AVX2, this CPU: {torch.backends.cpu.get_cpu_capability()}"
+        if not has_avx2():
+            _why_not = "needs a CPU with AVX2 and FMA"
             return None
         try:
             lib = ctypes.CDLL(str(_build()))

@@ -17,8 +17,7 @@ from prism_backend.model.int_matmul import dequantize, int_bound
 from prism_backend.reproducibility import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-                                reason="the int16 kernel is for x86 CPUs with AVX2")
+pytestmark = pytest.mark.skipif(not int16_gemm_cpu.has_avx2(), reason="the int16 kernel is for x86 CPUs with AVX2")
 
 
 def extreme_integers(m: int, k: int, n: int, xb: int, wb: int, seed: int = 0):
