@@ -46,13 +46,13 @@ def library_name() -> str:
 
 def _build() -> Path:
     """The library's path: found in a cache folder, else compiled into the first writable one."""
-    folders = _cache_dirs()
+    folders, name = _cache_dirs(), library_name()
     for folder in folders:
-        if (folder / library_name()).exists():
-            return folder / library_name()
+        if (folder / name).exists():
+            return folder / name
     errors = []
     for folder in folders:
-        target = folder / library_name()
+        target = folder / name
         try:
             folder.mkdir(parents=True, exist_ok=True)
             partial = folder / f".{target.name}.{os.getpid()}"  # instances may build at once: rename is atomic
@@ -134,6 +134,11 @@ class PackedWeight:
         padded[:k, :n] = w_int.to(torch.int16)
         # (2*kpairs, panels*16) -> (panels, kpairs, 16, 2): a k-pair of one column is adjacent
         self.packed = padded.view(self.kpairs, 2, panels, PANEL).permute(2, 0, 3, 1).contiguous()
+
+    def unpacked(self) -> torch.Tensor:
+        """W again, (K, N) int16 (for the int8 digits the Triton-lang kernel takes)."""
+        panels = self.packed.shape[0]
+        return self.packed.permute(1, 3, 0, 2).reshape(2 * self.kpairs, panels * PANEL)[: self.k, : self.n]
 
     def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> its per-row integers as the kernel's int16 operand (M, 2 * kpairs)

@@ -140,3 +140,9 @@ def test_quantisation_equals_the_torch_one(m, k, passes):
     assert torch.equal(scale, ref_scale)
     assert torch.equal(x16[:, :k].float(), ref) and not x16[:, k:].any()
     assert ExactWeight(torch.zeros(k, 3), passes, passes, "int16").route == "int16"
+
+
+def test_unpacked_gives_the_weight_back():
+    """The Triton-lang kernel's int8 digits are made from the packed copy (no second copy of W is kept)."""
+    _, w = extreme_integers(3, 577, 37, 1, int_bound(2))
+    assert torch.equal(PackedWeight(w, int_bound(2)).unpacked(), w.to(torch.int16))

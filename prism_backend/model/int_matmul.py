@@ -119,12 +119,15 @@ class ExactWeight:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
         else:
             self.fp64 = w_int.double()  # (K, N) float64
-        self._w_int = w_int if self.digits is None else None  # for int8_digits() on GPU-less routes
 
     def int8_digits(self) -> list[torch.Tensor]:
-        """W's int8 passes (the Triton-lang kernel's operands), made on first use."""
+        """W's int8 passes (the Triton-lang kernel's operands), made from this route's copy on first use."""
         if self.digits is None:
-            self.digits = int8_passes(self._w_int, self.weight_passes)
+            if self.int16 is not None:
+                w_int = self.int16.unpacked().float()
+            else:
+                w_int = self.fp64.float() if self.fp64 is not None else torch.cat(self.fp32_chunks)
+            self.digits = int8_passes(w_int, self.weight_passes)
         return self.digits
 
     def matmul(self, x_int: torch.Tensor) -> torch.Tensor:
@@ -152,18 +155,10 @@ class ExactWeight:
                 out = part if out is None else out.add_(part)
         return out.double()
 
-    def linear(self, x_int: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-               bias: torch.Tensor | None) -> torch.Tensor:
-        """The dequantised product: x_int (M, K) with x_scale (M, 1), w_scale (N,) float32 ->
-        (M, N) float32 ((X @ W) * x_scale) * w_scale in float64 rounded once, plus bias (N,).
-        Fused into the int16 kernel, the same operations in torch elsewhere: the same bits."""
-        if self.int16 is not None:
-            return self.int16.matmul(x_int, self.x_bound, x_scale, w_scale, bias)
-        return dequantize(self.matmul(x_int), x_scale, w_scale, bias)
-
 
 def dequantize(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
-    """acc (M, N) float64 exact integers -> float32 (acc * x_scale) * w_scale, rounded once, + bias."""
+    """acc (M, N) float64 exact integers -> float32 (acc * x_scale) * w_scale, rounded once, + bias
+    (the int16 kernel's fused epilogue does the same operations)."""
     out = acc.mul_(x_scale.double()).mul_(w_scale.double()).float()
     return out if bias is None else out.add_(bias)

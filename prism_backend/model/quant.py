@@ -92,7 +92,7 @@ class Int8Linear:
             x16, x_scale = self.w.int16.quantize(x, self.act_bound)  # (M, in (even)) int16, (M, 1)
             return self.w.int16.matmul(x16, self.act_bound, x_scale, self.w_scale, self.bias)
         x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1)
-        return self.w.linear(x_int, x_scale, self.w_scale, self.bias)  # (M, out) float32
+        return dequantize(self.w.matmul(x_int), x_scale, self.w_scale, self.bias)  # (M, out) float32
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """The Triton-lang kernel on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),
