@@ -9,7 +9,9 @@ SmolLM2-135M's projection shapes at 760 rows (workload a's forest): for each, th
                       |w| <= 64 (its int16 pair sums saturate beyond); shown as the CPU's int8 rate
   exact 1+1 (fp32)    one pass each side: an fp32 GEMM of the int8 values, K-chunks <= 1,040
   exact 2+2 (int16)   two passes each side (the default, 13-bit integers) by the AVX2 int16 kernel
-                      (kernels/int16_gemm_cpu.py): the route Prism takes on CPUs without VNNI
+                      (kernels/int16_gemm_cpu.py): the route Prism takes on CPUs without VNNI; on
+                      uniform random integers (its int32 runs then end every 16 k-pairs, the worst
+                      case) and on decoder-like ones (normal values, a few outlier channels)
   exact 2+2 (fp64)    the same integers by one float64 GEMM (the route without the int16 kernel)
   old default         the scheme before 2026-11-30: three exact fp32 products per projection
 and writes bench/results/gemm_routes.md. Without VNNI an int8 product costs what an fp32 one does
@@ -76,6 +78,13 @@ def main() -> None:
         w2 = torch.randint(-int_bound(2), int_bound(2) + 1, (k, n), generator=gen).float()
         one, two = ExactWeight(wf, 1, 1, "float"), ExactWeight(w2, 2, 2, "float")
         two16 = ExactWeight(w2, 2, 2, "int16")
+        # decoder-like 13-bit integers: normal activations with a few outlier channels, quantised
+        # per row, and weights per column (the int16 kernel's int32 runs are then many blocks long)
+        x_real = torch.randn(ROWS, k, generator=gen)
+        x_real[:, torch.randperm(k, generator=gen)[:4]] *= 20
+        x2r = (x_real / x_real.abs().amax(dim=1, keepdim=True) * int_bound(2)).round()
+        w_real = torch.randn(k, n, generator=gen)
+        two16r = ExactWeight((w_real / w_real.abs().amax(dim=0) * int_bound(2)).round(), 2, 2, "int16")
         x_old = torch.cat([xf, xf])  # the old default: two activation passes stacked ...
         fb = fbgemm_product(x8, torch.randint(-64, 65, (k, n), dtype=torch.int8, generator=gen))
         times = {
@@ -83,7 +92,8 @@ def main() -> None:
             "int8 _int_mm": median_ms(lambda: torch._int_mm(x8, w8), 1),
             "fbgemm u8s8": median_ms(fb, args.repeats) if fb else float("nan"),
             "exact 1+1 (fp32)": median_ms(lambda: one.matmul(xf), args.repeats),
-            "exact 2+2 (int16)": median_ms(lambda: two16.matmul(x2), args.repeats),
+            "exact 2+2 (int16, uniform)": median_ms(lambda: two16.matmul(x2), args.repeats),
+            "exact 2+2 (int16, decoder-like)": median_ms(lambda: two16r.matmul(x2r), args.repeats),
             "exact 2+2 (fp64)": median_ms(lambda: two.matmul(x2), args.repeats),
             # ... times the weight, plus the weight residual times the first pass
             "old default (3 fp32)": median_ms(lambda: (one.matmul(x_old), one.matmul(xf)), args.repeats),

@@ -89,9 +89,9 @@ def load():
         lib.prism_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.prism_int16_gemm.restype = None
-        lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                                         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_void_p, ctypes.c_int]
+        lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         _lib = lib
     return _lib
 
@@ -113,7 +113,8 @@ def why_not() -> str | None:
 
 
 def chunk_pairs(x_bound: int, w_bound: int) -> int:
-    """How many k-pairs an int32 lane may sum without any possibility of overflow."""
+    """How many k-pairs an int32 lane may sum at the integers' bounds without any possibility of
+    overflow: the kernel's block (it sums runs of whole blocks that the data's own bound allows)."""
     return max(1, INT32_MAX // (2 * x_bound * w_bound))
 
 
@@ -134,6 +135,8 @@ class PackedWeight:
         padded[:k, :n] = w_int.to(torch.int16)
         # (2*kpairs, panels*16) -> (panels, kpairs, 16, 2): a k-pair of one column is adjacent
         self.packed = padded.view(self.kpairs, 2, panels, PANEL).permute(2, 0, 3, 1).contiguous()
+        # (2*kpairs,) int32: max over the columns of |W[k]|, which bounds the kernel's int32 runs
+        self.row_max = padded.abs().amax(dim=1).to(torch.int32).contiguous()
 
     def unpacked(self) -> torch.Tensor:
         """W again, (K, N) int16 (for the int8 digits the Triton-lang kernel takes)."""
@@ -172,6 +175,6 @@ class PackedWeight:
             args = [None if t is None else t.data_ptr() for t in kept]
         else:
             out = torch.empty(m, self.n, dtype=torch.float64)
-        lib.prism_int16_gemm(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.n,
+        lib.prism_int16_gemm(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
                              chunk_pairs(x_bound, self.w_bound), *args, out.data_ptr(), torch.get_num_threads())
         return out

@@ -50,19 +50,73 @@ def test_exact_at_the_bounds(m, k, n, passes):
     assert got[0, 0] == k * xb * wb  # the largest possible sum really was computed
 
 
-def test_the_chunk_is_what_keeps_int32_exact():
-    """The chunk is the largest that cannot overflow, and one more k-pair per chunk does overflow:
-    the widening to float64 is what makes 13-bit x 13-bit exact."""
+def raw_product(x: torch.Tensor, packed: PackedWeight, block: int, row_max: torch.Tensor | None = None):
+    """The library's float64 product with a chosen block and column maxima (the overflow guards)."""
+    m = x.shape[0]
+    out = torch.empty(m, packed.n, dtype=torch.float64)
+    x16 = torch.nn.functional.pad(x.to(torch.int16), (0, 2 * packed.kpairs - x.shape[1])).contiguous()
+    row_max = packed.row_max if row_max is None else row_max
+    int16_gemm_cpu.load().prism_int16_gemm(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(),
+                                           row_max.data_ptr(), packed.n, block, None, None, None, out.data_ptr(), 1)
+    return out
+
+
+def test_the_block_is_what_keeps_int32_exact_at_the_bounds():
+    """The block is the largest that cannot overflow, and one more k-pair per block does overflow:
+    at the bounds the widening to float64 after every block is what makes 13-bit x 13-bit exact."""
     xb = wb = int_bound(2)
-    chunk = chunk_pairs(xb, wb)
-    assert 2 * chunk * xb * wb <= 2**31 - 1 < 2 * (chunk + 1) * xb * wb
-    x, w = extreme_integers(3, 4 * chunk + 6, 20, xb, wb)
+    block = chunk_pairs(xb, wb)
+    assert 2 * block * xb * wb <= 2**31 - 1 < 2 * (block + 1) * xb * wb
+    x, w = extreme_integers(3, 4 * block + 6, 20, xb, wb)
     packed = PackedWeight(w, wb)
-    out = torch.empty(3, 20, dtype=torch.float64)
-    x16 = x.to(torch.int16).contiguous()
-    int16_gemm_cpu.load().prism_int16_gemm(x16.data_ptr(), 3, packed.kpairs, packed.packed.data_ptr(), 20,
-                                           chunk + 1, None, None, None, out.data_ptr(), 1)
-    assert out[0, 0] != x[0].double() @ w[:, 0].double()
+    assert torch.equal(raw_product(x, packed, block), x.double() @ w.double())
+    assert raw_product(x, packed, block + 1)[0, 0] != x[0].double() @ w[:, 0].double()
+
+
+def typical_integers(m: int, k: int, n: int, seed: int = 0):
+    """13-bit integers shaped like a decoder's: most |x| in the low hundreds, a few outlier
+    channels at the bound, weights per column scaled to 8191 at their largest."""
+    gen = torch.Generator().manual_seed(seed)
+    bound = int_bound(2)
+    x = (torch.randn(m, k, generator=gen) * 300).round().clamp(-bound, bound)
+    x[:, torch.randperm(k, generator=gen)[:3]] = bound
+    w = torch.randn(k, n, generator=gen)
+    w = (w / w.abs().amax(dim=0) * bound).round()
+    return x, w
+
+
+def test_runs_span_many_blocks_where_the_data_allows():
+    """On typical integers the kernel sums runs of many blocks in int32 (so it widens rarely),
+    exactly: with column maxima that claim W is zero it overflows, so the runs really are guarded by
+    the data's own bound, not by the worst case."""
+    x, w = typical_integers(7, 1536, 40)
+    x = (x * 2).clamp(-int_bound(2), int_bound(2))
+    w[:, 0] = torch.where(x[0] < 0, -int_bound(2), int_bound(2))  # row 0 x column 0 adds up |x| * 8191
+    packed = PackedWeight(w, int_bound(2))
+    block = chunk_pairs(int_bound(2), int_bound(2))
+    exact = x.double() @ w.double()
+    bound = (x.abs().double() @ w.abs().amax(dim=1).double())  # (m,): what a whole-K run would need
+    assert (bound > 2**31).all() and (bound < 8 * 2**31).all()  # several runs, far fewer than blocks
+    assert torch.equal(raw_product(x, packed, block), exact)
+    unguarded = raw_product(x, packed, block, torch.zeros_like(packed.row_max))
+    assert not torch.equal(unguarded, exact)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_are_exact_when_rows_of_a_tile_differ(seed):
+    """A tile's run ends where its largest row needs it to: small rows next to rows at the bound,
+    and rows whose bound sits just below or just above 2^31 at a block boundary."""
+    xb = wb = int_bound(2)
+    block = chunk_pairs(xb, wb)
+    x, w = typical_integers(11, 64 * block + 10, 33, seed)
+    w[:, 0] = wb
+    x[seed % 3] = xb  # a worst-case row in one of the first tile's rows
+    x[4, : 2 * block * 4] = xb  # four worst-case blocks, then typical values
+    per_k = 2**31 // (2 * block * wb * 5)  # a constant row whose 5-block run sums to just below 2^31
+    x[7] = per_k
+    x[8] = per_k + 1  # ... and just above it
+    packed = PackedWeight(w, wb)
+    assert torch.equal(packed.matmul(x, xb), x.double() @ w.double())
 
 
 def test_fits():

@@ -6,10 +6,16 @@
 // products into each of 8 int32 lanes. vpmaddwd multiplies 16-bit integers at the rate an FMA
 // multiplies float32 ones, so a 13-bit x 13-bit exact product costs about one float32 GEMM.
 //
-// Exactness: the int32 sums run over `chunk` k-pairs at most, chosen by the caller so that
-// 2 * chunk * max|X| * max|W| < 2^31 (no overflow is possible), then are widened to float64 and
-// added there (exact: every partial sum is an integer below 2^53). Integer sums are exact in any
-// order, so nothing here -- tiling, the row count m, the thread count -- can change a bit.
+// Exactness: each int32 lane sums a run of k-pairs, is widened to float64 and added there (exact:
+// every partial sum is an integer below 2^53). A run may not overflow: for output (r, c) every
+// prefix of the run's sum is at most sum_k |X[r][k]| * |W[k][c]| <= sum_k |X[r][k]| * wmax[k], with
+// wmax[k] = max_c |W[k][c]|. The caller's `block` k-pairs can never overflow (2 * block * max|X| *
+// max|W| < 2^31); the kernel bounds every block of every row by that data-dependent sum and lets a
+// tile's run grow over whole blocks while each of its rows stays below 2^31. Real activations are
+// far from their worst case: with 13-bit integers the runs cover 6-16 blocks (SmolLM2, measured),
+// so the float64 widening is paid ~3 times per tile instead of once per 16 k-pairs. Integer sums
+// are exact in any order and in any runs, so nothing here -- runs, tiling, the row count m, the
+// thread count -- can change a bit.
 //
 // Output: with x_scale null, the raw sums X @ W as float64 (the tensor-parallel path all-reduces
 // them first). Otherwise float32 out[r][c] = (float)((sum * x_scale[r]) * w_scale[c]) (+ bias[c]),
@@ -17,7 +23,10 @@
 // contraction), so the fused and unfused routes give the same bits.
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <vector>
 
 namespace {
 
@@ -36,12 +45,37 @@ struct Epilogue {
   long n;
 };
 
+// The operands of one product: X's rows, the bound of every (row, block) and the block length.
+struct Operand {
+  const int16_t* x;       // (m, 2 * kpairs)
+  long ldx;
+  const int64_t* bounds;  // (m, blocks): sum over the block of |X[r][k]| * wmax[k]
+  int blocks, block, kpairs;
+};
+
+// The end of the run of k-pairs that starts at k0 (a block boundary) for rows row..row+R-1: whole
+// blocks while every row's bound stays within int32, and at least one block (safe by construction).
 template <int R>
-inline void tile(const int16_t* x, long ldx, const int16_t* panel, int kpairs, int chunk, int row, int col,
-                 int ncols, const Epilogue& e) {
+inline int run_end(const Operand& a, int row, int k0) {
+  int64_t sum[R] = {};
+  int b = k0 / a.block;
+  for (; b < a.blocks; ++b) {
+    bool fits = true;
+    for (int r = 0; r < R; ++r) fits &= sum[r] + a.bounds[(long)(row + r) * a.blocks + b] <= INT32_MAX;
+    if (!fits && b > k0 / a.block) break;
+    for (int r = 0; r < R; ++r) sum[r] += a.bounds[(long)(row + r) * a.blocks + b];
+  }
+  const long end = (long)b * a.block;
+  return end < a.kpairs ? (int)end : a.kpairs;
+}
+
+template <int R>
+inline void tile(const Operand& a, const int16_t* panel, int row, int col, int ncols, const Epilogue& e) {
+  const int16_t* x = a.x + row * a.ldx;
+  const long ldx = a.ldx;
   alignas(32) double c[R][NR] = {};
-  for (int k0 = 0; k0 < kpairs; k0 += chunk) {
-    const int k1 = k0 + chunk < kpairs ? k0 + chunk : kpairs;
+  for (int k0 = 0, k1; k0 < a.kpairs; k0 = k1) {
+    k1 = run_end<R>(a, row, k0);
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int kp = k0; kp < k1; ++kp) {
@@ -91,11 +125,10 @@ inline void tile(const int16_t* x, long ldx, const int16_t* panel, int kpairs, i
 }
 
 template <int R>
-void rows(const int16_t* x, long ldx, const int16_t* panel, int kpairs, int chunk, int row, int col, int ncols,
-          int m, const Epilogue& e) {
+void rows(const Operand& a, const int16_t* panel, int row, int col, int ncols, int m, const Epilogue& e) {
   if constexpr (R > 0) {
-    if (m == R) return tile<R>(x, ldx, panel, kpairs, chunk, row, col, ncols, e);
-    rows<R - 1>(x, ldx, panel, kpairs, chunk, row, col, ncols, m, e);
+    if (m == R) return tile<R>(a, panel, row, col, ncols, e);
+    rows<R - 1>(a, panel, row, col, ncols, m, e);
   }
 }
 
@@ -103,27 +136,44 @@ void rows(const int16_t* x, long ldx, const int16_t* panel, int kpairs, int chun
 
 extern "C" {
 
-// x: (m, 2*kpairs) int16; packed: (ceil(n/16), kpairs, 16, 2) int16; the panels are split between
-// `threads` OpenMP threads (static schedule per block of rows). See the top of the file for the epilogue arguments.
-void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, int n, int chunk,
-                      const float* x_scale, const float* w_scale, const float* bias, void* out, int threads) {
+// x: (m, 2*kpairs) int16; packed: (ceil(n/16), kpairs, 16, 2) int16; wmax: (2*kpairs,) int32, the
+// largest |W[k][c]| over c; block: k-pairs an int32 lane can sum at the integers' bounds. The
+// panels are split between `threads` OpenMP threads (static schedule per block of rows). See the
+// top of the file for the epilogue arguments.
+void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax, int n,
+                      int block, const float* x_scale, const float* w_scale, const float* bias, void* out,
+                      int threads) {
   const Epilogue e{x_scale, w_scale, bias, out, n};
   const int panels = (n + NR - 1) / NR;
   const long ldx = 2L * kpairs;
+  const int blocks = (kpairs + block - 1) / block;
+  std::vector<int64_t> bounds((size_t)m * blocks);
+  const Operand a{x, ldx, bounds.data(), blocks, block, kpairs};
   // Rows in blocks of ~256 KiB of X (kept in L2 while every panel of W passes over them, each panel
   // in L1/L2 across the block's tiles); without blocking, a wide W (gate_up: 192 panels) re-read
   // all of X from L3 once per panel.
-  const int block = ((256 * 1024 / (int)(ldx * sizeof(int16_t))) / MR + 1) * MR;
+  const int row_block = ((256 * 1024 / (int)(ldx * sizeof(int16_t))) / MR + 1) * MR;
 #pragma omp parallel num_threads(threads)
-  for (int r0 = 0; r0 < m; r0 += block) {
-    const int r1 = r0 + block < m ? r0 + block : m;
+  {
+#pragma omp for schedule(static)
+    for (int r = 0; r < m; ++r) {  // exact: at most 2 * block products below 2^26 each
+      for (int b = 0; b < blocks; ++b) {
+        int64_t sum = 0;
+        const int k1 = 2 * (b + 1) * block < 2 * kpairs ? 2 * (b + 1) * block : 2 * kpairs;
+        for (int k = 2 * b * block; k < k1; ++k) sum += (int64_t)abs(x[r * ldx + k]) * wmax[k];
+        bounds[(size_t)r * blocks + b] = sum;
+      }
+    }  // the implicit barrier: every bound is written before any tile reads it
+    for (int r0 = 0; r0 < m; r0 += row_block) {
+      const int r1 = r0 + row_block < m ? r0 + row_block : m;
 #pragma omp for schedule(static) nowait
-    for (int p = 0; p < panels; ++p) {
-      const int16_t* panel = packed + (long)p * kpairs * 2 * NR;
-      const int col = p * NR, ncols = n - col < NR ? n - col : NR;
-      int r = r0;
-      for (; r + MR <= r1; r += MR) tile<MR>(x + r * ldx, ldx, panel, kpairs, chunk, r, col, ncols, e);
-      if (r < r1) rows<MR - 1>(x + r * ldx, ldx, panel, kpairs, chunk, r, col, ncols, r1 - r, e);
+      for (int p = 0; p < panels; ++p) {
+        const int16_t* panel = packed + (long)p * kpairs * 2 * NR;
+        const int col = p * NR, ncols = n - col < NR ? n - col : NR;
+        int r = r0;
+        for (; r + MR <= r1; r += MR) tile<MR>(a, panel, r, col, ncols, e);
+        if (r < r1) rows<MR - 1>(a, panel, r, col, ncols, r1 - r, e);
+      }
     }
   }
 }
