@@ -36,8 +36,11 @@ _why_not: str | None = None
 
 def _cache_dirs() -> list[Path]:
     env = [Path(os.environ["PRISM_KERNEL_CACHE"])] if os.environ.get("PRISM_KERNEL_CACHE") else []
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "kernels"
-    return [*env, PACKAGE_LIB, user, Path(tempfile.gettempdir()) / f"prism-kernels-{os.getuid()}"]
+    try:
+        user = [Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "kernels"]
+    except RuntimeError:  # no home directory (a service account)
+        user = []
+    return [*env, PACKAGE_LIB, *user, Path(tempfile.gettempdir()) / f"prism-kernels-{os.getuid()}"]
 
 
 def library_name() -> str:

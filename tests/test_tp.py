@@ -105,7 +105,7 @@ def test_server_tp2_with_two_instances(model_dir, int8_pipeline):
         got = PrismClient(url).decide(SAMPLE_TICKET, BATCH[0]["tasks"])
         assert [d.probability_array().tobytes() for d in got] == bits(expected)
 
-        admin = httpclient.InferenceServerClient(url, network_timeout=600)  # a load calibrates int8 first: minutes on 2 busy cores
+        admin = httpclient.InferenceServerClient(url, network_timeout=600)  # an int8 load can take minutes on 2 busy cores
         for name in ("prism", "prism_decision"):
             admin.unload_model(name, headers={ADMIN_HEADER: TP_ADMIN_TOKEN})  # Triton restricts it to the token
         assert wait_for(lambda: not tp_workers(), 60), tp_workers()

@@ -16,10 +16,20 @@ from ..model.tp import TPGroup, local_spec, plan_shards, shard_stats
 from ..model.transformer import ForestTransformer
 from ..prefix_cache import CacheEntry, PrefixCache
 from ..reproducibility import torch_threads
+from . import calibration_cache
 
 
 def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
-    """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts."""
+    """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts,
+    stored on disk for the next build of the same checkpoint and code (calibration_cache.py)."""
+    stats = calibration_cache.load(config.model_dir)
+    if stats is None:
+        stats = _calibrate(config, spec, weights)
+        calibration_cache.store(config.model_dir, stats)
+    return stats
+
+
+def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
     from transformers import AutoTokenizer
 
     from ..model.smoothing import calibrate

@@ -13,10 +13,10 @@ runs can never change a bit:
   int16   without VNNI, int8 arithmetic runs at the float32 FMA rate (and `torch._int_mm` is a plain
           loop, 29x slower than an fp32 GEMM on an AVX2 EPYC). AVX2's vpmaddwd multiplies int16
           pairs at that same rate, so kernels/int16_gemm_cpu.py multiplies 13-bit x 13-bit integers
-          in one product, int32 sums over runs of K that cannot overflow (bounded by the data) widened to float64: about
+          in one product, int32 sums over runs of K that cannot overflow widened to float64: about
           one float32 GEMM's time (bench/gemm_routes.py), with the dequantisation fused in. This is
-          why two passes mean 13 bits: 2 * 16 * 8191^2 < 2^31, so int32 lanes sum 32 products even at
-          the bounds (and whole runs of such blocks where the rows' own values allow).
+          why two passes mean 13 bits: 2 * 16 * 8191^2 < 2^31, so int32 lanes sum 32 products even
+          at the bounds (and runs of many such blocks where the rows' own values allow).
   float   where the int16 kernel cannot be built (no g++, no AVX2) or the integers do not fit
           int16 (three activation passes): an IEEE GEMM of the integer values, exact whenever every
           partial sum stays an integer the format represents, whatever order it adds in:

@@ -1,0 +1,117 @@
+"""SmoothQuant calibration statistics, kept on disk so a process computes them once per checkpoint.
+
+The statistics (model/smoothing.py) are a pure function of the checkpoint, Prism's code and the
+libraries that run its fp32 forward, so a stored copy is what a new computation would give, bit for
+bit -- provided the copy is keyed by all of them. The key hashes: config.json, the name, size and
+modification time of every *.safetensors file (not their contents: hashing a 14 GB checkpoint on
+every start would cost more than calibrating), the source of the prism_backend package, the torch
+and transformers versions and the CPU's vector capability (MKL's strict CNR mode reproduces a
+product only on one code path). Anything else -- another checkpoint, an edited module, another
+torch -- misses and calibrates again.
+
+Why it matters: an int8 engine build spends ~5 s of its ~14 s in the calibration forward (one
+thread, SmolLM2 on a 2-core EPYC), and every server start, model load, instance, tensor-parallel
+rank 0 and healed stub builds one.
+
+Where: PRISM_CALIBRATION_CACHE if set ("off" disables the cache), else $XDG_CACHE_HOME/prism/
+calibration or ~/.cache/prism/calibration; a folder that cannot be written is skipped silently
+(the statistics are then computed, as without a cache). Files are written to a temporary name and
+renamed, so instances starting together never read a partial file.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+import prism_backend
+
+PACKAGE_ROOT = Path(prism_backend.__file__).resolve().parent
+OFF = "off"
+
+
+def cache_dir() -> Path | None:
+    """The folder of stored statistics, or None when PRISM_CALIBRATION_CACHE=off."""
+    chosen = os.environ.get("PRISM_CALIBRATION_CACHE", "")
+    if chosen == OFF:
+        return None
+    if chosen:
+        return Path(chosen)
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "calibration"
+    except RuntimeError:  # no home directory (a service account): no cache
+        return None
+
+
+def _source_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(model_dir: Path) -> str:
+    """What the statistics depend on, hashed (see the module docstring)."""
+    import transformers
+
+    model_dir = Path(model_dir)
+    parts = {
+        "config": (model_dir / "config.json").read_text(),
+        "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(model_dir.glob("*.safetensors"))],
+        "source": _source_digest(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _to_tensors(stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"{layer}.{name}": t.contiguous() for layer, entry in enumerate(stats) for name, t in entry.items()}
+
+
+def _from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    stats: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        layer, name = key.split(".", 1)
+        stats.setdefault(int(layer), {})[name] = t
+    return [stats[i] for i in range(len(stats))]
+
+
+def load(model_dir: Path) -> list[dict[str, torch.Tensor]] | None:
+    """The stored statistics of this checkpoint and code, or None (no cache, a miss, an unreadable file)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = cache_dir()
+    if folder is None:
+        return None
+    path = folder / f"{cache_key(model_dir)}.safetensors"
+    try:
+        return _from_tensors(load_file(path))
+    except (OSError, SafetensorError, ValueError, KeyError):
+        return None  # missing or damaged: calibrate again (and store a good copy)
+
+
+def store(model_dir: Path, stats: list[dict[str, torch.Tensor]]) -> Path | None:
+    """Keep `stats` for the next process; the file's path, or None where nothing could be written."""
+    from safetensors.torch import save_file
+
+    folder = cache_dir()
+    if folder is None:
+        return None
+    path = folder / f"{cache_key(model_dir)}.safetensors"
+    partial = folder / f".{path.name}.{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(_to_tensors(stats), partial)
+        os.replace(partial, path)  # atomic: a concurrent reader sees the old state or the whole file
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        return None
+    return path

@@ -1,0 +1,107 @@
+"""The calibration cache (prism_backend/engine/calibration_cache.py): a stored copy is what the
+computation gives, bit for bit; a changed checkpoint or a damaged file is calibrated again; a cache
+that cannot be written only costs time."""
+import os
+import shutil
+
+import pytest
+import torch
+
+from prism_backend.config import EngineConfig
+from prism_backend.engine import calibration_cache, runner
+from prism_backend.engine.engine import DecisionEngine
+from prism_backend.model.loader import load_model
+from prism_backend.serving.determinism import synthetic_requests
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "calibration"
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", str(folder))
+    return folder
+
+
+@pytest.fixture
+def calibrations(monkeypatch):
+    """Counts the calibration forwards that really run."""
+    calls = []
+    real = runner._calibrate
+
+    def counted(*args):
+        calls.append(args[0].model_dir)
+        return real(*args)
+
+    monkeypatch.setattr(runner, "_calibrate", counted)
+    return calls
+
+
+def stats_of(model_dir):
+    spec, weights = load_model(model_dir)
+    return runner.calibration_stats(EngineConfig(model_dir=model_dir, precision="int8"), spec, weights)
+
+
+def same(a, b):
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+                                    for x, y in zip(a, b))
+
+
+def test_stored_statistics_are_the_computed_ones(model_dir, cache, calibrations, monkeypatch):
+    """The embedded model: cold computes and stores, warm reads without a forward, and what it reads
+    equals a computation with the cache off."""
+    cold = stats_of(model_dir)
+    assert len(calibrations) == 1 and len(list(cache.glob("*.safetensors"))) == 1
+    warm = stats_of(model_dir)
+    assert len(calibrations) == 1 and same(warm, cold)
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", "off")
+    assert same(stats_of(model_dir), warm) and len(calibrations) == 2
+
+
+def test_cold_and_warm_engines_give_the_same_bits(tiny_model_dir, cache, calibrations):
+    config = EngineConfig(model_dir=tiny_model_dir("qwen3"), precision="int8", prefix_cache_bytes=0)
+    cold = DecisionEngine(config)
+    warm = DecisionEngine(config)
+    assert len(calibrations) == 1
+    requests = synthetic_requests(cold.spec.vocab_size)
+
+    def bits(engine):
+        return [[s.probabilities.tobytes() for s in r] for r in engine.score(requests)[0]]
+
+    assert bits(warm) == bits(cold)
+
+
+def test_a_changed_checkpoint_is_calibrated_again(tiny_model_dir, tmp_path, cache, calibrations):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama_tied"), model)
+    stats_of(model)
+    stats_of(model)
+    assert len(calibrations) == 1
+    weights = next(model.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # rewritten in place
+    stats_of(model)
+    assert len(calibrations) == 2
+    config = model / "config.json"
+    edited = config.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05')
+    assert edited != config.read_text()
+    config.write_text(edited)
+    stats_of(model)
+    assert len(calibrations) == 3
+    assert len(list(cache.glob("*.safetensors"))) == 3  # one file per key; stale ones are simply never read
+
+
+def test_a_damaged_file_is_replaced(tiny_model_dir, cache, calibrations):
+    model = tiny_model_dir("mistral")
+    good = stats_of(model)
+    (stored,) = cache.glob("*.safetensors")
+    stored.write_bytes(stored.read_bytes()[:100])  # e.g. a disk that filled up under another writer
+    assert calibration_cache.load(model) is None
+    assert same(stats_of(model), good) and len(calibrations) == 2
+    assert same(calibration_cache.load(model), good)
+
+
+def test_an_unwritable_cache_only_costs_time(tiny_model_dir, tmp_path, monkeypatch, calibrations):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", str(blocker / "calibration"))
+    model = tiny_model_dir("qwen2")
+    first = stats_of(model)
+    assert same(stats_of(model), first) and len(calibrations) == 2
