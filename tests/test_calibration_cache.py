@@ -10,7 +10,6 @@ import torch
 from prism_backend.config import EngineConfig
 from prism_backend.engine import calibration_cache, runner
 from prism_backend.engine.engine import DecisionEngine
-from prism_backend.model.loader import load_model
 from prism_backend.serving.determinism import synthetic_requests
 
 
@@ -36,8 +35,7 @@ def calibrations(monkeypatch):
 
 
 def stats_of(model_dir):
-    spec, weights = load_model(model_dir)
-    return runner.calibration_stats(EngineConfig(model_dir=model_dir, precision="int8"), spec, weights)
+    return runner.calibration_stats(EngineConfig(model_dir=model_dir, precision="int8"))
 
 
 def same(a, b):

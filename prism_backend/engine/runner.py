@@ -19,11 +19,13 @@ from ..reproducibility import torch_threads
 from . import calibration_cache
 
 
-def calibration_stats(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
+def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
     """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts,
-    stored on disk for the next build of the same checkpoint and code (calibration_cache.py)."""
+    stored on disk for the next build of the same checkpoint and code (calibration_cache.py).
+    full_model: (spec, weights) of the whole checkpoint; loaded here, only on a miss, if not given."""
     stats = calibration_cache.load(config.model_dir)
     if stats is None:
+        spec, weights = full_model or load_model(config.model_dir)
         stats = _calibrate(config, spec, weights)
         calibration_cache.store(config.model_dir, stats)
     return stats
@@ -52,7 +54,7 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     if group is None:
         spec, weights = load_model(config.model_dir)
         if smooth:
-            apply_smoothing(spec, weights, calibration_stats(config, spec, weights), config.smooth_alpha)
+            apply_smoothing(spec, weights, calibration_stats(config, (spec, weights)), config.smooth_alpha)
         return spec, ForestTransformer(spec, weights, config.compute), weights.lm_head
 
     spec = spec_from_config(load_hf_config(config.model_dir))
@@ -60,9 +62,7 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     stats = None
     if smooth:
         if group.rank == 0:  # statistics must equal TP = 1's: one fp32 forward of the whole model
-            full_spec, full_weights = load_model(config.model_dir)
-            stats = calibration_stats(config, full_spec, full_weights)
-            del full_weights
+            stats = calibration_stats(config)
         stats = group.broadcast(stats)
     _, weights = load_model(config.model_dir, shard)
     mine = local_spec(spec, shard)
