@@ -1,0 +1,38 @@
+// Instruction throughput of the two products Prism's CPU paths are made of, on AVX2:
+//   fma_peak:  vfmadd231ps ymm (fp32 sgemm's inner instruction): 8 multiply-adds = 16 ops
+//   madd_peak: vpmaddwd ymm + vpaddd ymm (the int16 kernel's inner pair): 16 multiply-adds = 32 ops
+// 12 independent accumulators hide the latency; the empty asm keeps the operands opaque so the
+// compiler can neither hoist nor fold the products. Built and timed by bench/isa_peak.py.
+#include <immintrin.h>
+#include <stdint.h>
+#define R12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+extern "C" {
+double fma_peak(long iters) {
+#define D(j) __m256 c##j = _mm256_set1_ps(j);
+  R12(D)
+  __m256 a = _mm256_set1_ps(1.0000001f), b = _mm256_set1_ps(0.9999999f);
+  for (long i = 0; i < iters; ++i) {
+#define F(j) c##j = _mm256_fmadd_ps(a, c##j, b);
+    R12(F)
+    __asm__ volatile("" : "+x"(a), "+x"(b));
+  }
+  __m256 s = _mm256_setzero_ps();
+#define S(j) s = _mm256_add_ps(s, c##j);
+  R12(S)
+  alignas(32) float t[8]; _mm256_store_ps(t, s); return t[0];
+}
+double madd_peak(long iters) {
+#define DI(j) __m256i c##j = _mm256_set1_epi32(j);
+  R12(DI)
+  __m256i a = _mm256_set1_epi16(3), b = _mm256_set1_epi16(5);
+  for (long i = 0; i < iters; ++i) {
+#define M(j) c##j = _mm256_add_epi32(c##j, _mm256_madd_epi16(a, c##j));
+    R12(M)
+    __asm__ volatile("" : "+x"(a), "+x"(b));
+  }
+  __m256i s = _mm256_setzero_si256();
+#define SI(j) s = _mm256_add_epi32(s, c##j);
+  R12(SI)
+  alignas(32) int32_t t[8]; _mm256_store_si256((__m256i*)t, s); return t[0];
+}
+}

@@ -1,0 +1,106 @@
+"""How close the projections run to the CPU's instruction peak (issue 17's "report the profile").
+
+    .venv/bin/python bench/isa_peak.py [--threads 2]
+
+Measures (a) the peak of the instructions each product is made of (bench/csrc/isa_peak.cpp,
+compiled here with g++): fp32 FMA for sgemm, vpmaddwd + vpaddd for Prism's int16 kernel; and (b)
+what one decoder layer's four projections achieve at 760 rows with decoder-like 13-bit integers
+(normal activations with a few outlier channels, quantised per row): fp32 `F.linear` (MKL) and the
+served int16 path (quantise, multiply, dequantise: Int8Linear's call). Reports Gop/s (a multiply-
+add is 2 ops) and each product's share of its instruction's peak. Writes bench/results/isa_peak.md.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_routes import ROWS, SHAPES  # noqa: E402
+from workloads import write_result  # noqa: E402
+
+from prism_backend.config import ComputeSettings  # noqa: E402
+from prism_backend.model.quant import Int8Linear  # noqa: E402
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "isa_peak.cpp"
+LOOPS = {"fp32 FMA (vfmadd231ps)": ("fma_peak", 12 * 16), "int16 vpmaddwd + vpaddd": ("madd_peak", 12 * 32)}
+
+
+def peak_library():
+    out = Path(tempfile.mkdtemp()) / "isa_peak.so"
+    subprocess.run(["g++", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-o", str(out), str(SOURCE)], check=True)
+    lib = ctypes.CDLL(str(out))
+    for name, _ in LOOPS.values():
+        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_double, [ctypes.c_long]
+    return lib
+
+
+def peak_gops(fn, ops_per_round: int, threads: int, rounds: int = 20_000_000) -> float:
+    """One loop per thread (ctypes releases the GIL), all at once; the best of 5."""
+    best = 0.0
+    for _ in range(5):
+        workers = [threading.Thread(target=fn, args=(rounds,)) for _ in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, threads * rounds * ops_per_round / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def decoder_like(rows: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(rows, k, generator=gen)
+    x[:, torch.randperm(k, generator=gen)[:4]] *= 20
+    return x
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=11)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lib = peak_library()
+    peaks = {label: peak_gops(getattr(lib, name), ops, args.threads) for label, (name, ops) in LOOPS.items()}
+
+    gen = torch.Generator().manual_seed(0)
+    settings = ComputeSettings(precision="int8", act_passes=2, weight_passes=2)
+    layer = []  # (x, fp32 weight, Int8Linear) per projection
+    for k, n in SHAPES.values():
+        w = torch.randn(n, k, generator=gen) / k**0.5
+        layer.append((decoder_like(ROWS, k, gen), w, Int8Linear(w, None, settings)))
+    ops = sum(2 * ROWS * w.shape[0] * w.shape[1] for _, w, _ in layer)
+    runs = {"fp32 F.linear": [], "int16 (served Int8Linear)": []}
+    for _ in range(args.repeats):  # interleaved, so drift hits both alike
+        for label in runs:
+            start = time.perf_counter()
+            for x, w, lin in layer:
+                torch.nn.functional.linear(x, w) if label.startswith("fp32") else lin(x)
+            runs[label].append(time.perf_counter() - start)
+    route = layer[0][2].w.route
+    lines = ["# Projections vs instruction peak", "",
+             f"`.venv/bin/python bench/isa_peak.py --threads {args.threads}`: peaks are the best of 5 loops "
+             f"on {args.threads} thread(s); one layer's four projections (SmolLM2 shapes, {ROWS} rows, "
+             f"decoder-like values), median of {args.repeats} interleaved runs; int8 route `{route}`.", "",
+             "| instruction | peak Gop/s |", "|---|---|"]
+    lines += [f"| {label} | {gops:.1f} |" for label, gops in peaks.items()]
+    lines += ["", "| product | ms per layer | Gop/s | share of its instruction's peak |", "|---|---|---|---|"]
+    for label, times in runs.items():
+        ms = 1000 * statistics.median(times)
+        gops = ops / (ms / 1000) / 1e9
+        peak = peaks["fp32 FMA (vfmadd231ps)"] if label.startswith("fp32") else peaks["int16 vpmaddwd + vpaddd"]
+        lines.append(f"| {label} | {ms:.1f} | {gops:.1f} | {100 * gops / peak:.0f}% |")
+    write_result("isa_peak.md", lines)
+
+
+if __name__ == "__main__":
+    main()
