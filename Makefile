@@ -2,8 +2,10 @@
 # Both set up everything they need first (idempotent: finished steps are skipped).
 PYTHON ?= python3
 VENV := .venv
-# vLLM's CPU build, for `make bench` only
+# vLLM's CPU build and llama.cpp (llama-cpp-python, built from source), for `make bench` only
 VLLM_VENV := .venv-vllm
+LLAMA_VENV := .venv-llama
+GGUF := .run/SmolLM2-135M-Instruct-Q8_0.gguf
 PY := $(VENV)/bin/python
 MODEL_DIR := .models/SmolLM2-135M-Instruct
 ARGS ?=
@@ -50,9 +52,18 @@ eval: setup
 # Side by side with the peers (bench/side_by_side.py) and the prefix-cache stream (bench/cache_bench.py);
 # vLLM's CPU build lives in its own virtualenv. The engine-only and perf_analyzer benchmarks:
 # bench/engine_bench.py, perf_analyzer_configs/run_perf.py.
-bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed
+bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)/.deps-installed $(GGUF)
 	$(PY) bench/side_by_side.py $(ARGS)
 	$(PY) bench/cache_bench.py
+
+# llama.cpp compiled for this CPU (GGML_NATIVE), and the checkpoint as GGUF Q8_0 by llama.cpp's converter
+$(LLAMA_VENV)/.deps-installed:
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check llama-cpp-python==0.3.36 numpy psutil
+	touch $@
+
+$(GGUF): $(MODEL_DIR)/.prism-converted
+	$(PY) bench/llama_cpp_driver.py --convert $(MODEL_DIR) $@
 
 $(VENV)/.bench-installed: $(VENV)/.deps-installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"

@@ -7,6 +7,9 @@ Engines
   prism triton int8 / fp32     the same through a real tritonserver over HTTP (PrismClient)
   HF generic fp32 / bf16       transformers, one forward per question, full-vocabulary softmax
   vLLM bf16 prefix on / off    vLLM's CPU build (.venv-vllm), candidate logprobs via logprob_token_ids
+  llama.cpp Q8_0               llama-cpp-python built for this CPU (.venv-llama), the checkpoint
+                               converted to GGUF Q8_0, KV cache reused over each prompt's longest
+                               common prefix with the previous one (bench/llama_cpp_driver.py)
 Workloads
   (a) a new ~600-token ticket, 3 questions        (b) 3 unrelated tickets, 1 question each
   (c) 3 questions whose materials share 0-95% of a fixed length
@@ -33,6 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
 from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
@@ -247,6 +251,17 @@ def main() -> None:
                 chunk = seconds[i * (reps + 1) : (i + 1) * (reps + 1)]
                 times[w][label] = chunk[1:]  # first of each workload: warm-up, as for the others
             memory[label + " (offline engine)"] = out["rss_bytes"] / 2**30
+    if LLAMA_PYTHON.exists():
+        label = "llama.cpp Q8_0, KV prefix reuse"
+        print(label, flush=True)
+        if not DEFAULT_GGUF.exists():
+            convert(args.model_dir, DEFAULT_GGUF)
+        calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
+        out = run_llama_cpp(calls, DEFAULT_GGUF, THREADS)
+        seconds = out["seconds"][1:]
+        for i, w in enumerate(workloads):
+            times[w][label] = seconds[i * (reps + 1) + 1 : (i + 1) * (reps + 1)]
+        memory[label + " (process)"] = out["rss_bytes"] / 2**30
 
     throughput_rows = {}
     for precision in ("int8",) if args.quick else ("int8", "fp32"):

@@ -8,7 +8,10 @@ Each engine alone on the same cores, one after another, on the same token ids; e
 ticket no engine has seen (+1 warm-up ticket). Prism: the engine in-process (prefix cache off) in
 int8 (default and 1+1 passes) and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16
 with prefix caching on and off, and in fp32 with prefix caching on (the faster dtype where the
-CPU has no bf16 instructions). Writes bench/results/vllm_ab.md.
+CPU has no bf16 instructions). llama.cpp (.venv-llama, GGUF Q8_0 converted from the same
+checkpoint, bench/llama_cpp_driver.py) where it is installed: the prompts one after another, each
+reusing the KV cache of its longest common prefix with the previous one. Writes
+bench/results/vllm_ab.md.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import THREADS, PromptIds, timed, workload_a, workload_b  # noqa: E402
+from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
 from vllm_driver import run_vllm  # noqa: E402
 from workloads import write_result  # noqa: E402
 
@@ -33,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="llama.cpp's Q8_0 file (converted if missing)")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     ticket = iter(range(1, 10**6))
@@ -58,6 +63,17 @@ def main() -> None:
         seconds = run_vllm(calls, on, args.model_dir, dtype)["seconds"][1:]
         for i, w in enumerate(workloads):
             times[w][label] = seconds[i * (args.repeats + 1) + 1 : (i + 1) * (args.repeats + 1)]
+    if LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
+        label = "llama.cpp Q8_0, KV prefix reuse"
+        print(label, flush=True)
+        if not args.gguf.exists():
+            convert(args.model_dir, args.gguf)
+        calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
+        seconds = run_llama_cpp(calls, args.gguf, THREADS)["seconds"][1:]
+        for i, w in enumerate(workloads):
+            times[w][label] = seconds[i * (args.repeats + 1) + 1 : (i + 1) * (args.repeats + 1)]
+    else:
+        print(f"llama.cpp skipped: {LLAMA_PYTHON} not found (make bench builds it)", flush=True)
     base = "prism int8 (default, 2+2 passes)"
     lines = ["# Prism engine vs vLLM's CPU build, workloads (a) and (b)", "",
              f"`.venv/bin/python bench/vllm_ab.py --repeats {args.repeats}`: {THREADS} thread(s), CPU capability "
