@@ -24,9 +24,10 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from driver_io import run_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_PYTHON = ROOT / ".venv-llama" / "bin" / "python"
@@ -55,12 +56,7 @@ def run_llama_cpp(calls: list[list[tuple]], gguf: Path, threads: int) -> dict:
     """The benchmarks' side: run this script in .venv-llama on `calls`; returns its OUT dict."""
     spec = {"gguf": str(gguf), "threads": threads,
             "calls": [[{"prompt_ids": p, "candidate_ids": c} for p, c in call] for call in calls]}
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        src.write_text(json.dumps(spec))
-        subprocess.run([str(LLAMA_PYTHON), __file__, str(src), str(dst)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return json.loads(dst.read_text())
+    return run_driver(LLAMA_PYTHON, __file__, spec)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

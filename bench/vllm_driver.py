@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from driver_io import run_driver
 
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
@@ -33,12 +33,7 @@ def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path, dt
     list of (prompt ids, candidate ids) submitted together; returns its OUT dict."""
     spec = {"model_dir": str(model_dir), "prefix_caching": prefix_caching, "dtype": dtype,
             "calls": [[{"prompt_ids": p, "candidate_ids": c} for p, c in call] for call in calls]}
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        src.write_text(json.dumps(spec))
-        subprocess.run([str(VLLM_PYTHON), __file__, str(src), str(dst)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return json.loads(dst.read_text())
+    return run_driver(VLLM_PYTHON, __file__, spec)
 
 
 def main() -> int:
