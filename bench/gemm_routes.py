@@ -48,6 +48,13 @@ def median_ms(fn, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def decoder_like(rows: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """(rows, k) float32 activations shaped like a decoder's: normal values, 4 outlier channels x20."""
+    x = torch.randn(rows, k, generator=gen)
+    x[:, torch.randperm(k, generator=gen)[:4]] *= 20
+    return x
+
+
 def fbgemm_product(x_int8: torch.Tensor, w_small: torch.Tensor):
     """FBGEMM's exact u8s8 product of int8 activations (+128 zero point) and |w| <= 64 weights, or
     None where this torch has no FBGEMM."""
@@ -80,8 +87,7 @@ def main() -> None:
         two16 = ExactWeight(w2, 2, 2, "int16")
         # decoder-like 13-bit integers: normal activations with a few outlier channels, quantised
         # per row, and weights per column (the int16 kernel's int32 runs are then many blocks long)
-        x_real = torch.randn(ROWS, k, generator=gen)
-        x_real[:, torch.randperm(k, generator=gen)[:4]] *= 20
+        x_real = decoder_like(ROWS, k, gen)
         x2r = (x_real / x_real.abs().amax(dim=1, keepdim=True) * int_bound(2)).round()
         w_real = torch.randn(k, n, generator=gen)
         two16r = ExactWeight((w_real / w_real.abs().amax(dim=0) * int_bound(2)).round(), 2, 2, "int16")

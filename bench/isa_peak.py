@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_routes import ROWS, SHAPES  # noqa: E402
+from gemm_routes import ROWS, SHAPES, decoder_like  # noqa: E402
 from workloads import write_result  # noqa: E402
 
 from prism_backend.config import ComputeSettings  # noqa: E402
@@ -55,12 +55,6 @@ def peak_gops(fn, ops_per_round: int, threads: int, rounds: int = 20_000_000) ->
             w.join()
         best = max(best, threads * rounds * ops_per_round / (time.perf_counter() - start) / 1e9)
     return best
-
-
-def decoder_like(rows: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    x = torch.randn(rows, k, generator=gen)
-    x[:, torch.randperm(k, generator=gen)[:4]] *= 20
-    return x
 
 
 def main() -> None:

@@ -86,6 +86,15 @@ def timed(fn, batches) -> list[float]:
     return times
 
 
+def peer_times(run, workloads: dict, prompts: dict, reps: int) -> tuple[dict[str, list[float]], dict]:
+    """A peer engine's driver (`run(calls)` -> its OUT dict) on one throw-away call, then every
+    workload's calls in order -> (per workload its times without its first, warm-up, ticket; OUT)."""
+    calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
+    out = run(calls)
+    seconds = out["seconds"][1:]
+    return {w: seconds[i * (reps + 1) + 1 : (i + 1) * (reps + 1)] for i, w in enumerate(workloads)}, out
+
+
 # --------------------------------------------------------------------------------------- engines
 class PromptIds:
     """Prompt and candidate ids of every question, from Prism's tokenizer step (all engines see the
@@ -244,23 +253,18 @@ def main() -> None:
         for on in (True, False):
             label = f"vLLM bf16 prefix {'on' if on else 'off'}"
             print(label, flush=True)
-            calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
-            out = run_vllm(calls, on, args.model_dir)
-            seconds = out["seconds"][1:]
-            for i, w in enumerate(workloads):
-                chunk = seconds[i * (reps + 1) : (i + 1) * (reps + 1)]
-                times[w][label] = chunk[1:]  # first of each workload: warm-up, as for the others
+            peer, out = peer_times(lambda calls: run_vllm(calls, on, args.model_dir), workloads, prompts, reps)
+            for w, t in peer.items():
+                times[w][label] = t
             memory[label + " (offline engine)"] = out["rss_bytes"] / 2**30
     if LLAMA_PYTHON.exists():
         label = "llama.cpp Q8_0, KV prefix reuse"
         print(label, flush=True)
         if not DEFAULT_GGUF.exists():
             convert(args.model_dir, DEFAULT_GGUF)
-        calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
-        out = run_llama_cpp(calls, DEFAULT_GGUF, THREADS)
-        seconds = out["seconds"][1:]
-        for i, w in enumerate(workloads):
-            times[w][label] = seconds[i * (reps + 1) + 1 : (i + 1) * (reps + 1)]
+        peer, out = peer_times(lambda calls: run_llama_cpp(calls, DEFAULT_GGUF, THREADS), workloads, prompts, reps)
+        for w, t in peer.items():
+            times[w][label] = t
         memory[label + " (process)"] = out["rss_bytes"] / 2**30
 
     throughput_rows = {}

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import THREADS, PromptIds, timed, workload_a, workload_b  # noqa: E402
+from side_by_side import THREADS, PromptIds, peer_times, timed, workload_a, workload_b  # noqa: E402
 from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
 from vllm_driver import run_vllm  # noqa: E402
 from workloads import write_result  # noqa: E402
@@ -59,19 +59,17 @@ def main() -> None:
     for label, dtype, on in (("vLLM bf16 prefix on", "bfloat16", True), ("vLLM bf16 prefix off", "bfloat16", False),
                              ("vLLM fp32 prefix on", "float32", True)):
         print(label, flush=True)
-        calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
-        seconds = run_vllm(calls, on, args.model_dir, dtype)["seconds"][1:]
-        for i, w in enumerate(workloads):
-            times[w][label] = seconds[i * (args.repeats + 1) + 1 : (i + 1) * (args.repeats + 1)]
+        peer, _ = peer_times(lambda calls: run_vllm(calls, on, args.model_dir, dtype), workloads, prompts, args.repeats)
+        for w, t in peer.items():
+            times[w][label] = t
     if LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
         label = "llama.cpp Q8_0, KV prefix reuse"
         print(label, flush=True)
         if not args.gguf.exists():
             convert(args.model_dir, args.gguf)
-        calls = [[([1, 2, 3], [4, 5])]] + [call for w in workloads for call in prompts[w]]
-        seconds = run_llama_cpp(calls, args.gguf, THREADS)["seconds"][1:]
-        for i, w in enumerate(workloads):
-            times[w][label] = seconds[i * (args.repeats + 1) + 1 : (i + 1) * (args.repeats + 1)]
+        peer, _ = peer_times(lambda calls: run_llama_cpp(calls, args.gguf, THREADS), workloads, prompts, args.repeats)
+        for w, t in peer.items():
+            times[w][label] = t
     else:
         print(f"llama.cpp skipped: {LLAMA_PYTHON} not found (make bench builds it)", flush=True)
     base = "prism int8 (default, 2+2 passes)"
