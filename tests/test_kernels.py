@@ -12,7 +12,7 @@ from kernels.int8_gemm import int8_gemm, int8_gemm_reference
 from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
 from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.forest import EncodedRequest, build_forest
-from prism_backend.model.attention import ForestAttention, answer_attention
+from prism_backend.model.attention import ForestAttention, _sdpa, answer_attention
 
 
 def _int8(shape, gen):
@@ -110,6 +110,24 @@ def test_tree_attention_matches_reference(name, hq, hkv, d):
     layout = build_layout(segments)
     out = tree_attention(q, k, v, layout)
     torch.testing.assert_close(out, tree_attention_reference(q, k, v, layout), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("lq, lk, prefix, causal", [
+    (700, 740, 40, True), (12, 760, 748, True), (129, 1300, 1171, True),  # own rows + prefix: merged
+    (33, 33, 0, True), (1, 1, 0, True), (1, 740, 739, True), (1, 33, 32, False),  # one kernel call
+])
+def test_segment_attention_matches_dense_softmax(lq, lk, prefix, causal):
+    """The CPU path's per-segment attention (the prefix/own split merged by log-sum-exp) against a
+    float64 softmax over a dense (Lq, Lk) visibility mask, GQA groups of 3."""
+    g = torch.Generator().manual_seed(lq + lk)
+    q, (k, v) = torch.randn(lq, 9, 64, generator=g), torch.randn(2, lk, 3, 64, generator=g)
+    keys, values = (t.repeat_interleave(3, dim=1).double() for t in (k, v))
+    scores = torch.einsum("qhd,khd->hqk", q.double(), keys) / 8.0
+    if causal:
+        visible = torch.arange(lk)[None, :] <= (prefix + torch.arange(lq))[:, None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+    expected = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
+    torch.testing.assert_close(_sdpa(q, k, v, prefix, causal).double(), expected, atol=2e-6, rtol=0)
 
 
 def test_tree_attention_matches_the_engines_torch_path():
