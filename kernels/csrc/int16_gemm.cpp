@@ -45,28 +45,33 @@ struct Epilogue {
   long n;
 };
 
-// The operands of one product: X's rows, the bound of every (row, block) and the block length.
+// The operands of one product: X's rows and, for every tile of MR rows, where its int32 runs end.
 struct Operand {
-  const int16_t* x;       // (m, 2 * kpairs)
+  const int16_t* x;      // (m, 2 * kpairs)
   long ldx;
-  const int64_t* bounds;  // (m, blocks): sum over the block of |X[r][k]| * wmax[k]
-  int blocks, block, kpairs;
+  const int* run_ends;   // (tiles, blocks): the k-pair ends of tile t's runs, run_count[t] of them
+  const int* run_count;  // (tiles,)
+  int blocks;
 };
 
-// The end of the run of k-pairs that starts at k0 (a block boundary) for rows row..row+R-1: whole
-// blocks while every row's bound stays within int32, and at least one block (safe by construction).
-template <int R>
-inline int run_end(const Operand& a, int row, int k0) {
-  int64_t sum[R] = {};
-  int b = k0 / a.block;
-  for (; b < a.blocks; ++b) {
-    bool fits = true;
-    for (int r = 0; r < R; ++r) fits &= sum[r] + a.bounds[(long)(row + r) * a.blocks + b] <= INT32_MAX;
-    if (!fits && b > k0 / a.block) break;
-    for (int r = 0; r < R; ++r) sum[r] += a.bounds[(long)(row + r) * a.blocks + b];
+// The runs of k-pairs for rows row..row+rows-1, from their per-block bounds (m, blocks): whole
+// blocks while every row's sum of bounds stays within int32, and at least one block per run (safe
+// by construction). Writes the runs' ends into `ends` and returns how many there are.
+inline int plan_runs(const int64_t* bounds, int blocks, int block, int kpairs, int row, int rows, int* ends) {
+  int count = 0;
+  for (int b = 0; b < blocks;) {
+    int64_t sum[MR] = {};
+    const int first = b;
+    for (; b < blocks; ++b) {
+      bool fits = true;
+      for (int r = 0; r < rows; ++r) fits &= sum[r] + bounds[(long)(row + r) * blocks + b] <= INT32_MAX;
+      if (!fits && b > first) break;
+      for (int r = 0; r < rows; ++r) sum[r] += bounds[(long)(row + r) * blocks + b];
+    }
+    const long end = (long)b * block;
+    ends[count++] = end < kpairs ? (int)end : kpairs;
   }
-  const long end = (long)b * a.block;
-  return end < a.kpairs ? (int)end : a.kpairs;
+  return count;
 }
 
 template <int R>
@@ -74,8 +79,10 @@ inline void tile(const Operand& a, const int16_t* panel, int row, int col, int n
   const int16_t* x = a.x + row * a.ldx;
   const long ldx = a.ldx;
   alignas(32) double c[R][NR] = {};
-  for (int k0 = 0, k1; k0 < a.kpairs; k0 = k1) {
-    k1 = run_end<R>(a, row, k0);
+  const int tile_index = row / MR;  // tiles start at multiples of MR (row blocks are multiples of MR)
+  const int* ends = a.run_ends + (long)tile_index * a.blocks;
+  for (int run = 0, k0 = 0, k1; run < a.run_count[tile_index]; ++run, k0 = k1) {
+    k1 = ends[run];
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int kp = k0; kp < k1; ++kp) {
@@ -147,8 +154,10 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
   const int panels = (n + NR - 1) / NR;
   const long ldx = 2L * kpairs;
   const int blocks = (kpairs + block - 1) / block;
+  const int tiles = (m + MR - 1) / MR;
   std::vector<int64_t> bounds((size_t)m * blocks);
-  const Operand a{x, ldx, bounds.data(), blocks, block, kpairs};
+  std::vector<int> run_ends((size_t)tiles * blocks), run_count(tiles);
+  const Operand a{x, ldx, run_ends.data(), run_count.data(), blocks};
   // Rows in blocks of ~256 KiB of X (kept in L2 while every panel of W passes over them, each panel
   // in L1/L2 across the block's tiles); without blocking, a wide W (gate_up: 192 panels) re-read
   // all of X from L3 once per panel.
@@ -163,7 +172,12 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
         for (int k = 2 * b * block; k < k1; ++k) sum += (int64_t)abs(x[r * ldx + k]) * wmax[k];
         bounds[(size_t)r * blocks + b] = sum;
       }
-    }  // the implicit barrier: every bound is written before any tile reads it
+    }  // the implicit barrier: every bound is written before any tile's runs are planned
+#pragma omp for schedule(static)
+    for (int t = 0; t < tiles; ++t) {
+      const int rows = m - t * MR < MR ? m - t * MR : MR;
+      run_count[t] = plan_runs(bounds.data(), blocks, block, kpairs, t * MR, rows, &run_ends[(size_t)t * blocks]);
+    }  // the implicit barrier again: every tile's runs are planned before any tile is computed
     for (int r0 = 0; r0 < m; r0 += row_block) {
       const int r1 = r0 + row_block < m ? r0 + row_block : m;
 #pragma omp for schedule(static) nowait
