@@ -82,32 +82,35 @@ def _from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tens
     return [stats[i] for i in range(len(stats))]
 
 
-def load(model_dir: Path) -> list[dict[str, torch.Tensor]] | None:
-    """The stored statistics of this checkpoint and code, or None (no cache, a miss, an unreadable file)."""
+def entry(model_dir: Path) -> Path | None:
+    """The file that holds (or will hold) this checkpoint's statistics for this code, or None when
+    the cache is off. Computed once per build: it hashes the package source."""
+    folder = cache_dir()
+    return None if folder is None else folder / f"{cache_key(model_dir)}.safetensors"
+
+
+def load(path: Path | None) -> list[dict[str, torch.Tensor]] | None:
+    """The statistics stored at `path` (entry()), or None (no cache, a miss, an unreadable file)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    folder = cache_dir()
-    if folder is None:
+    if path is None:
         return None
-    path = folder / f"{cache_key(model_dir)}.safetensors"
     try:
         return _from_tensors(load_file(path))
     except (OSError, SafetensorError, ValueError, KeyError):
         return None  # missing or damaged: calibrate again (and store a good copy)
 
 
-def store(model_dir: Path, stats: list[dict[str, torch.Tensor]]) -> Path | None:
-    """Keep `stats` for the next process; the file's path, or None where nothing could be written."""
+def store(path: Path | None, stats: list[dict[str, torch.Tensor]]) -> Path | None:
+    """Keep `stats` at `path` (entry()) for the next process; the path, or None where nothing could be written."""
     from safetensors.torch import save_file
 
-    folder = cache_dir()
-    if folder is None:
+    if path is None:
         return None
-    path = folder / f"{cache_key(model_dir)}.safetensors"
-    partial = folder / f".{path.name}.{os.getpid()}"
+    partial = path.parent / f".{path.name}.{os.getpid()}"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_file(_to_tensors(stats), partial)
         os.replace(partial, path)  # atomic: a concurrent reader sees the old state or the whole file
     except OSError:

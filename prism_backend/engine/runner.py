@@ -23,11 +23,12 @@ def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
     """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts,
     stored on disk for the next build of the same checkpoint and code (calibration_cache.py).
     full_model: (spec, weights) of the whole checkpoint; loaded here, only on a miss, if not given."""
-    stats = calibration_cache.load(config.model_dir)
+    stored = calibration_cache.entry(config.model_dir)
+    stats = calibration_cache.load(stored)
     if stats is None:
         spec, weights = full_model or load_model(config.model_dir)
         stats = _calibrate(config, spec, weights)
-        calibration_cache.store(config.model_dir, stats)
+        calibration_cache.store(stored, stats)
     return stats
 
 
