@@ -113,12 +113,13 @@ def test_tree_attention_matches_reference(name, hq, hkv, d):
 
 
 @pytest.mark.parametrize("lq, lk, prefix, causal", [
-    (700, 740, 40, True), (12, 760, 748, True), (129, 1300, 1171, True),  # own rows + prefix: merged
-    (33, 33, 0, True), (1, 1, 0, True), (1, 740, 739, True), (1, 33, 32, False),  # one kernel call
+    (128, 541, 413, True), (12, 760, 748, True), (700, 740, 40, True),  # below a prefix: masked
+    (33, 33, 0, True), (700, 700, 0, True), (1, 1, 0, True),  # prefix-free: the kernel's causal mode
+    (1, 740, 739, True), (1, 33, 32, False),  # answer rows: every key
 ])
 def test_segment_attention_matches_dense_softmax(lq, lk, prefix, causal):
-    """The CPU path's per-segment attention (the prefix/own split merged by log-sum-exp) against a
-    float64 softmax over a dense (Lq, Lk) visibility mask, GQA groups of 3."""
+    """The CPU path's per-segment attention (torch's flash kernel, masked or in its causal mode)
+    against a float64 softmax over a dense (Lq, Lk) visibility mask, GQA groups of 3."""
     g = torch.Generator().manual_seed(lq + lk)
     q, (k, v) = torch.randn(lq, 9, 64, generator=g), torch.randn(2, lk, 3, 64, generator=g)
     keys, values = (t.repeat_interleave(3, dim=1).double() for t in (k, v))

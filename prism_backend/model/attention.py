@@ -14,44 +14,33 @@ from ..forest import Segment
 from .quant import use_triton
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
-    """torch's CPU flash-attention kernel called directly (not through F.scaled_dot_product_attention's
-    backend choice). q: (Lq, H, D); k, v: (Lk, H, D) -> output (H, Lq, D), log-sum-exp (H, Lq).
-    With `causal`, query i sees keys [0, i]; otherwise every key."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, causal)[:2]
-    return out[0], lse[0]
-
-
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal: bool) -> torch.Tensor:
     """q: (Lq, Hq, D); k, v: (Lk, Hkv, D) -> (Lq, Hq, D).
 
-    With `causal`, query i sees keys [0, prefix + i]; otherwise every key. A segment below a prefix
-    (a ticket under the system prompt, a question under both) is two kernel calls -- its own rows
-    in the kernel's causal mode, the prefix rows unmasked -- merged by their log-sum-exps: with a
-    (Lq, Lk) mask the kernel computes every masked block at full cost and runs ~1.3x slower.
+    With `causal`, query i sees keys [0, prefix + i]; otherwise every key.
 
-    Thread-count invariance, by construction: the kernel splits its work into (head, block of query
-    rows) items, each run start to end by one thread: the query block's keys in fixed blocks of 512
-    from the first, an online softmax in that order, and two sgemm calls per key block. Which
-    thread runs an item never changes its arithmetic, and the sgemm calls reduce in a
-    thread-count-independent order because MKL runs in strict CNR mode (reproducibility.py). The
-    merge is element-wise (exp, and exact IEEE steps). The kernel wants as many K/V heads as query
-    heads, so GQA groups are expanded.
+    Thread-count invariance, by construction: this is torch's CPU flash-attention kernel called
+    directly (not through F.scaled_dot_product_attention's backend choice). It splits its work
+    into (head, block of query rows) items, each run start to end by one thread: the query block's
+    keys in fixed blocks of 512 from the first, an online softmax in that order, and two sgemm
+    calls per key block. Which thread runs an item never changes its arithmetic, and the sgemm
+    calls reduce in a thread-count-independent order because MKL runs in strict CNR mode
+    (reproducibility.py). The kernel wants as many K/V heads as query heads, so GQA groups are expanded.
     """
-    lq = q.shape[0]
+    lq, lk = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    if not causal or lq == 1:  # every key visible
-        return _flash(q, k, v, causal=False)[0].transpose(0, 1)
-    own, own_lse = _flash(q, k[prefix:], v[prefix:], causal=True)  # (Hq, Lq, D), (Hq, Lq)
-    if prefix == 0:
-        return own.transpose(0, 1)
-    pre, pre_lse = _flash(q, k[:prefix], v[:prefix], causal=False)
-    top = torch.maximum(own_lse, pre_lse)
-    own_weight, pre_weight = torch.exp(own_lse - top)[..., None], torch.exp(pre_lse - top)[..., None]
-    return ((own * own_weight + pre * pre_weight) / (own_weight + pre_weight)).transpose(0, 1)
+    own_rows_only = causal and lq > 1 and prefix == 0  # the kernel's causal mode: query i sees keys [0, i]
+    mask = None
+    if causal and lq > 1 and prefix > 0:  # (Lq, Lk) additive: all `prefix` ancestors, own rows causally
+        visible = torch.arange(lk)[None, :] <= (prefix + torch.arange(lq))[:, None]
+        mask = torch.zeros(lq, lk).masked_fill_(~visible, float("-inf"))
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, own_rows_only,
+        attn_mask=mask,
+    )[0]  # (1, Hq, Lq, D)
+    return out[0].transpose(0, 1)
 
 
 def answer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branches: list[Segment]) -> torch.Tensor:
