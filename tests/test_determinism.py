@@ -152,3 +152,33 @@ def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes):
     for route in ("int_mm", "int16", "float"):
         got = ExactWeight(w, act_passes, weight_passes, route).matmul(x)
         assert got.dtype == torch.float64 and torch.equal(got.long(), exact), route
+
+
+def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
+    """route() times every route that can run here, per pass count, and keeps the fastest; the
+    int16 kernel is never a candidate for integers beyond int16 (three activation passes)."""
+    from kernels import int16_gemm_cpu
+    from prism_backend.model import int_matmul
+
+    monkeypatch.delenv("PRISM_INT8_ROUTE", raising=False)
+    monkeypatch.setattr(int_matmul, "_route", None)
+    monkeypatch.setattr(int_matmul, "_fastest", {})
+    timed = []  # the route of each ExactWeight whose product is being timed
+    real_matmul = int_matmul.ExactWeight.matmul
+    monkeypatch.setattr(int_matmul.ExactWeight, "matmul", lambda self, x: (timed.append(self.route), real_matmul(self, x))[1])
+
+    def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
+        return lambda fn, repeats=3: (fn(), seconds[timed[-1]])[1]
+
+    has_int16 = int16_gemm_cpu.load() is not None
+    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "float": 3.0}))
+    assert int_matmul.route(2, 2) == "int_mm"
+    assert set(timed) == ({"int_mm", "int16", "float"} if has_int16 else {"int_mm", "float"})
+    timed.clear()
+    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "float": 2.0}))
+    assert int_matmul.route(2, 2) == "int_mm"  # chosen once per process and pass count
+    assert int_matmul.route(3, 2) == "float" and "int16" not in timed  # 3 passes do not fit int16
+    assert int_matmul.route(1, 1) == ("int16" if has_int16 else "float")
+    monkeypatch.setenv("PRISM_INT8_ROUTE", "float")
+    monkeypatch.setattr(int_matmul, "_route", None)
+    assert int_matmul.route(1, 1) == "float"  # forced for every pass count

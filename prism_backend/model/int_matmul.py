@@ -24,9 +24,13 @@ runs can never change a bit:
             (1040 * 127^2 < 2^24), each chunk's exact result summed in float64;
           - more passes: one float64 GEMM (|X W| <= 2080768 * 8191 * K < 2^53 for K below 500,000).
 
-The route is chosen once per process: `int_mm` where one int8 product is at least twice as fast as a
-float32 GEMM (timed), else `int16` where its kernel builds, else `float`; PRISM_INT8_ROUTE forces one
-(tests, benchmarks).
+The route is chosen once per process and pass count, by timing every route that can run here on a
+SmolLM2-sized product of integers of those bounds and taking the fastest. On an AVX2 CPU without
+VNNI that is `int16`. On an AVX-512 VNNI EPYC it is `int16` too (measured for one and two passes a
+side): `int_mm` runs P * Q int8 products plus their int64 combination, and for the default two
+passes that made one layer's projections 3.6x slower than fp32 where `int16` runs at 0.85x fp32's
+time (bench/isa_peak.py). Timing noise can only pick a slower route, never other bits.
+PRISM_INT8_ROUTE forces one route for every pass count (tests, benchmarks).
 """
 from __future__ import annotations
 
@@ -41,7 +45,8 @@ EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
 PASS_BASE = 128  # passes are base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
 BOUNDS = {1: 127, 2: 8191, 3: 127 * PASS_BASE**2}
 ROUTES = ("int_mm", "int16", "float")
-_route: str | None = None
+_route: str | None = None  # a forced route (PRISM_INT8_ROUTE, tests) for every pass count, or None
+_fastest: dict[tuple[int, int], str] = {}  # (act_passes, weight_passes) -> the route timed fastest here
 
 
 def int_bound(passes: int) -> int:
@@ -68,32 +73,35 @@ def _time(fn, repeats: int = 3) -> float:
     return time.perf_counter() - start
 
 
-def route() -> str:
-    """The CPU route of this process (see the module docstring); timed once on a SmolLM2-sized
-    product (~0.1 s with VNNI, ~1 s without)."""
+def _forced() -> str | None:
     global _route
-    if _route is None:
-        forced = os.environ.get("PRISM_INT8_ROUTE", "")
-        if forced:
-            if forced not in ROUTES:
-                raise ValueError(f"PRISM_INT8_ROUTE must be one of {ROUTES}, got {forced!r}")
-            if forced == "int16" and int16_gemm_cpu.load() is None:
-                raise RuntimeError(f"PRISM_INT8_ROUTE=int16: {int16_gemm_cpu.why_not()}")
-            _route = forced
-        else:
-            gen = torch.Generator().manual_seed(0)
-            x = torch.randint(-127, 128, (128, 576), dtype=torch.int8, generator=gen)
-            w = torch.randint(-127, 128, (576, 512), dtype=torch.int8, generator=gen)
-            xf, wf = x.float(), w.float()
-            int_mm = _time(lambda: torch._int_mm(x, w))
-            fp32 = _time(lambda: torch.mm(xf, wf))
-            # two passes a side: int_mm runs four products where the other routes run one product
-            # at about the float32 (int16) or twice the float32 (float64) cost
-            if 2 * int_mm <= fp32:
-                _route = "int_mm"
-            else:
-                _route = "int16" if int16_gemm_cpu.load() is not None else "float"
+    if _route is None and os.environ.get("PRISM_INT8_ROUTE", ""):
+        forced = os.environ["PRISM_INT8_ROUTE"]
+        if forced not in ROUTES:
+            raise ValueError(f"PRISM_INT8_ROUTE must be one of {ROUTES}, got {forced!r}")
+        if forced == "int16" and int16_gemm_cpu.load() is None:
+            raise RuntimeError(f"PRISM_INT8_ROUTE=int16: {int16_gemm_cpu.why_not()}")
+        _route = forced
     return _route
+
+
+def route(act_passes: int = 2, weight_passes: int = 2) -> str:
+    """The CPU route of this process for integers of these pass counts (see the module docstring);
+    timed once per pass count on a (128, 576) x (576, 512) product (~0.1 s with VNNI, ~1 s without)."""
+    forced = _forced()
+    if forced is not None:
+        return forced
+    key = (act_passes, weight_passes)
+    if key not in _fastest:
+        gen = torch.Generator().manual_seed(0)
+        x_bound, w_bound = int_bound(act_passes), int_bound(weight_passes)
+        x = torch.randint(-x_bound, x_bound + 1, (128, 576), generator=gen).float()
+        w = torch.randint(-w_bound, w_bound + 1, (576, 512), generator=gen).float()
+        candidates = [r for r in ROUTES if r != "int16" or
+                      (int16_gemm_cpu.load() is not None and int16_gemm_cpu.fits(x_bound, w_bound))]
+        weights = {r: ExactWeight(w, act_passes, weight_passes, chosen=r) for r in candidates}
+        _fastest[key] = min(candidates, key=lambda r: _time(lambda: weights[r].matmul(x)))
+    return _fastest[key]
 
 
 class ExactWeight:
@@ -105,7 +113,7 @@ class ExactWeight:
         """w_int: (K, N) integer-valued float32, |w_int| <= int_bound(weight_passes)."""
         self.act_passes, self.weight_passes = act_passes, weight_passes
         self.x_bound, self.w_bound = int_bound(act_passes), int_bound(weight_passes)
-        self.route = chosen or (route() if not w_int.is_cuda else "int_mm")
+        self.route = chosen or (route(act_passes, weight_passes) if not w_int.is_cuda else "int_mm")
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {self.route!r}")
         if self.route == "int16" and not int16_gemm_cpu.fits(self.x_bound, self.w_bound):
