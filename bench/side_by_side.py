@@ -348,13 +348,21 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
               f"Matmul peaks measured here with torch: int8 `_int_mm` {peaks['int8']:.0f} GOPS, bf16 "
               f"{peaks['bf16']:.0f} GFLOPS, fp32 {peaks['fp32']:.0f} GFLOPS. Prism int8 on (a): "
               f"{forest_tokens} tokens x {2 * params / 1e9:.2f} GOP of projections per token in {med[a][base]:.0f} ms "
-              f"= {useful:.0f} useful GOPS = {100 * useful / peaks['int8']:.0f}% of the int8 peak "
-              f"({100 * 2 * useful / peaks['int8']:.0f}% counting the second activation pass it really runs)."]
-    targets = []
+              f"= {useful:.0f} useful GOPS = {100 * useful / peaks['int8']:.0f}% of the int8 peak, "
+              f"{100 * useful / peaks['fp32']:.0f}% of the fp32 peak. The default runs one exact product of "
+              f"13-bit integers per projection; on CPUs that is the int16 kernel (model/int_matmul.py picks "
+              f"the fastest exact route), whose instructions run below the int8 rate."]
+    # The speed issue's targets (#17): ratios = the engine's time / Prism's default's time.
+    targets = [("(a) vs Prism fp32", med[a]["prism engine fp32"] / med[a][base], 2.0),
+               ("(b) vs Prism fp32", med[b]["prism engine fp32"] / med[b][base], 2.0)]
     if "vLLM bf16 prefix off" in med[a]:
-        targets = [("(a) vs vLLM prefix caching off", med[a]["vLLM bf16 prefix off"] / med[a][base], 5.3),
-                   ("(a) vs vLLM prefix caching on", med[a]["vLLM bf16 prefix on"] / med[a][base], 2.5),
-                   ("(b) vs vLLM prefix caching on", med[b]["vLLM bf16 prefix on"] / med[b][base], 2.0)]
+        targets += [("(a) vs vLLM prefix caching on", med[a]["vLLM bf16 prefix on"] / med[a][base], 1.5),
+                    ("(b) vs vLLM prefix caching on", med[b]["vLLM bf16 prefix on"] / med[b][base], 1.2),
+                    ("(a) vs vLLM prefix caching off", med[a]["vLLM bf16 prefix off"] / med[a][base], 4.0)]
+    llama = "llama.cpp Q8_0, KV prefix reuse"
+    if llama in med[a]:
+        targets += [("(a) vs llama.cpp Q8_0", med[a][llama] / med[a][base], 1.5),
+                    ("(b) vs llama.cpp Q8_0", med[b][llama] / med[b][base], 1.2)]
     overhead = med[a]["prism triton int8"] / med[a][base] - 1
     lines += ["", "## Against the targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
     for name, got, goal in targets:
