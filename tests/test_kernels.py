@@ -131,6 +131,19 @@ def test_segment_attention_matches_dense_softmax(lq, lk, prefix, causal):
     torch.testing.assert_close(_sdpa(q, k, v, prefix, causal).double(), expected, atol=2e-6, rtol=0)
 
 
+def test_cpu_forest_attention_is_per_segment_sdpa_bit_for_bit():
+    """ForestAttention expands GQA groups once per layer and builds the masks once per forward: the
+    same bits as gathering each segment's keys, expanding them and masking them on its own."""
+    a = EncodedRequest((1, 2, 3), tuple(range(10, 40)), ((5, 6), (7,), (8, 9, 4)), ((0, 1),) * 3)
+    c = EncodedRequest((9,), (60, 61), ((5, 6, 7),), ((0, 1),))
+    forest = build_forest([a, c])
+    q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=3)
+    attention = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device)
+    expected = torch.cat([_sdpa(q[s.start : s.start + s.length], k[s.key_rows], v[s.key_rows], s.prefix_length, True)
+                          for s in forest.segments])
+    assert attention.masks and torch.equal(attention.rows(q, k, v), expected)
+
+
 def test_tree_attention_matches_the_engines_torch_path():
     """Same semantics as prism_backend.attention on a forest built by the engine itself."""
     a = EncodedRequest((1, 2, 3), tuple(range(10, 40)), ((5, 6), (7,), (8, 9, 4)), ((0, 1),) * 3)

@@ -14,10 +14,18 @@ from ..forest import Segment
 from .quant import use_triton
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal: bool) -> torch.Tensor:
+def visibility_mask(lq: int, lk: int, prefix: int) -> torch.Tensor:
+    """(Lq, Lk) additive mask of a segment below a prefix: all `prefix` ancestors, own rows causally."""
+    visible = torch.arange(lk)[None, :] <= (prefix + torch.arange(lq))[:, None]
+    return torch.zeros(lq, lk).masked_fill_(~visible, float("-inf"))
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal: bool,
+          mask: torch.Tensor | None = None) -> torch.Tensor:
     """q: (Lq, Hq, D); k, v: (Lk, Hkv, D) -> (Lq, Hq, D).
 
-    With `causal`, query i sees keys [0, prefix + i]; otherwise every key.
+    With `causal`, query i sees keys [0, prefix + i]; otherwise every key. `mask`: the segment's
+    visibility_mask when the caller already has it (it is the same in every layer).
 
     Thread-count invariance, by construction: this is torch's CPU flash-attention kernel called
     directly (not through F.scaled_dot_product_attention's backend choice). It splits its work
@@ -32,10 +40,10 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     own_rows_only = causal and lq > 1 and prefix == 0  # the kernel's causal mode: query i sees keys [0, i]
-    mask = None
-    if causal and lq > 1 and prefix > 0:  # (Lq, Lk) additive: all `prefix` ancestors, own rows causally
-        visible = torch.arange(lk)[None, :] <= (prefix + torch.arange(lq))[:, None]
-        mask = torch.zeros(lq, lk).masked_fill_(~visible, float("-inf"))
+    if not (causal and lq > 1 and prefix > 0):
+        mask = None
+    elif mask is None:
+        mask = visibility_mask(lq, lk, prefix)
     out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, own_rows_only,
         attn_mask=mask,
@@ -46,9 +54,18 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal
 def answer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branches: list[Segment]) -> torch.Tensor:
     """Only the answer (last) row of each branch: q: (A, Hq, D) in branch order -> (A, Hq, D)."""
     out = torch.empty_like(q)
+    k, v = _expand_groups(k, v, q.shape[1])
     for i, seg in enumerate(branches):
         out[i : i + 1] = _sdpa(q[i : i + 1], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=False)
     return out
+
+
+def _expand_groups(k: torch.Tensor, v: torch.Tensor, heads: int):
+    """(rows, Hkv, D) -> (rows, Hq, D) once per layer, so that each segment gathers its keys with
+    the query heads' layout already (the same values and the same contiguous (Lk, Hq, D) tensors
+    as gathering first and expanding after, without the second copy)."""
+    group = heads // k.shape[1]
+    return (k, v) if group == 1 else (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
 
 
 class ForestAttention:
@@ -72,6 +89,9 @@ class ForestAttention:
             rows = [(i, offset) for i in computed for offset in range(segments[i].length)]
             answers = [(i, segments[i].length - 1) for i in branches]
             self.kernel_layouts = (build_layout(tuples, rows).to(device), build_layout(tuples, answers).to(device))
+        else:  # the masks of the segments below a prefix, built once for every layer
+            self.masks = {i: visibility_mask(segments[i].length, segments[i].key_rows.numel(), segments[i].prefix_length)
+                          for i in computed if segments[i].length > 1 and segments[i].prefix_length > 0}
 
     def rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (n, Hq, D) of the computed rows; k, v: (rows so far, Hkv, D) -> (n, Hq, D)."""
@@ -80,10 +100,12 @@ class ForestAttention:
 
             return tree_attention_kernel(q, k, v, self.kernel_layouts[0])
         out = torch.empty_like(q)
+        k, v = _expand_groups(k, v, q.shape[1])
         for i in self.computed:
             seg = self.segments[i]
             local = slice(seg.start - self.first_row, seg.start - self.first_row + seg.length)
-            out[local] = _sdpa(q[local], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=True)
+            out[local] = _sdpa(q[local], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=True,
+                               mask=self.masks.get(i))
         return out
 
     def answers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
