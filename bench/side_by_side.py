@@ -86,6 +86,9 @@ def timed(fn, batches) -> list[float]:
     return times
 
 
+LLAMA_LABEL = "llama.cpp Q8_0, KV prefix reuse"
+
+
 def peer_times(run, workloads: dict, prompts: dict, reps: int) -> tuple[dict[str, list[float]], dict]:
     """A peer engine's driver (`run(calls)` -> its OUT dict) on one throw-away call, then every
     workload's calls in order -> (per workload its times without its first, warm-up, ticket; OUT)."""
@@ -258,7 +261,7 @@ def main() -> None:
                 times[w][label] = t
             memory[label + " (offline engine)"] = out["rss_bytes"] / 2**30
     if LLAMA_PYTHON.exists():
-        label = "llama.cpp Q8_0, KV prefix reuse"
+        label = LLAMA_LABEL
         print(label, flush=True)
         if not DEFAULT_GGUF.exists():
             convert(args.model_dir, DEFAULT_GGUF)
@@ -359,10 +362,9 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
         targets += [("(a) vs vLLM prefix caching on", med[a]["vLLM bf16 prefix on"] / med[a][base], 1.5),
                     ("(b) vs vLLM prefix caching on", med[b]["vLLM bf16 prefix on"] / med[b][base], 1.2),
                     ("(a) vs vLLM prefix caching off", med[a]["vLLM bf16 prefix off"] / med[a][base], 4.0)]
-    llama = "llama.cpp Q8_0, KV prefix reuse"
-    if llama in med[a]:
-        targets += [("(a) vs llama.cpp Q8_0", med[a][llama] / med[a][base], 1.5),
-                    ("(b) vs llama.cpp Q8_0", med[b][llama] / med[b][base], 1.2)]
+    if LLAMA_LABEL in med[a]:
+        targets += [("(a) vs llama.cpp Q8_0", med[a][LLAMA_LABEL] / med[a][base], 1.5),
+                    ("(b) vs llama.cpp Q8_0", med[b][LLAMA_LABEL] / med[b][base], 1.2)]
     overhead = med[a]["prism triton int8"] / med[a][base] - 1
     lines += ["", "## Against the targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
     for name, got, goal in targets:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import THREADS, PromptIds, peer_times, timed, workload_a, workload_b  # noqa: E402
+from side_by_side import LLAMA_LABEL, THREADS, PromptIds, peer_times, timed, workload_a, workload_b  # noqa: E402
 from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
 from vllm_driver import run_vllm  # noqa: E402
 from workloads import write_result  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
         for w, t in peer.items():
             times[w][label] = t
     if LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
-        label = "llama.cpp Q8_0, KV prefix reuse"
+        label = LLAMA_LABEL
         print(label, flush=True)
         if not args.gguf.exists():
             convert(args.model_dir, args.gguf)

@@ -14,6 +14,14 @@ from ..forest import Segment
 from .quant import use_triton
 
 
+def _expand_groups(k: torch.Tensor, v: torch.Tensor, heads: int):
+    """(rows, Hkv, D) -> (rows, Hq, D) once per layer, so that each segment gathers its keys with
+    the query heads' layout already (the same values and the same contiguous (Lk, Hq, D) tensors
+    as gathering first and expanding after, without the second copy)."""
+    group = heads // k.shape[1]
+    return (k, v) if group == 1 else (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
+
+
 def visibility_mask(lq: int, lk: int, prefix: int) -> torch.Tensor:
     """(Lq, Lk) additive mask of a segment below a prefix: all `prefix` ancestors, own rows causally."""
     visible = torch.arange(lk)[None, :] <= (prefix + torch.arange(lq))[:, None]
@@ -36,9 +44,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal
     (reproducibility.py). The kernel wants as many K/V heads as query heads, so GQA groups are expanded.
     """
     lq, lk = q.shape[0], k.shape[0]
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    k, v = _expand_groups(k, v, q.shape[1])  # a no-op where the caller expanded them once per layer
     own_rows_only = causal and lq > 1 and prefix == 0  # the kernel's causal mode: query i sees keys [0, i]
     if not (causal and lq > 1 and prefix > 0):
         mask = None
@@ -58,14 +64,6 @@ def answer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, branches
     for i, seg in enumerate(branches):
         out[i : i + 1] = _sdpa(q[i : i + 1], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=False)
     return out
-
-
-def _expand_groups(k: torch.Tensor, v: torch.Tensor, heads: int):
-    """(rows, Hkv, D) -> (rows, Hq, D) once per layer, so that each segment gathers its keys with
-    the query heads' layout already (the same values and the same contiguous (Lk, Hq, D) tensors
-    as gathering first and expanding after, without the second copy)."""
-    group = heads // k.shape[1]
-    return (k, v) if group == 1 else (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
 
 
 class ForestAttention:
