@@ -142,6 +142,12 @@ def test_cpu_forest_attention_is_per_segment_sdpa_bit_for_bit():
     expected = torch.cat([_sdpa(q[s.start : s.start + s.length], k[s.key_rows], v[s.key_rows], s.prefix_length, True)
                           for s in forest.segments])
     assert attention.masks and torch.equal(attention.rows(q, k, v), expected)
+    # each tree's first segment and its trunk take their keys as a slice (a view, no copy); a
+    # branch below the trunk blocks of another branch does not, and keeps its index tensor
+    kinds = [isinstance(attention.keys[i], slice) for i in range(len(forest.segments))]
+    assert kinds[0] and kinds[1] and not all(kinds)
+    for i, s in enumerate(forest.segments):
+        assert torch.equal(torch.arange(k.shape[0])[attention.keys[i]], s.key_rows)
 
 
 def test_tree_attention_matches_the_engines_torch_path():

@@ -66,6 +66,19 @@ def test_rotary():
     assert len(bits_per_thread_count(lambda: apply_rotary(x, *table(positions)))) == 1
 
 
+def test_rotary_is_hugging_faces_rotate_half_bit_for_bit():
+    """apply_rotary works half by half; Hugging Face's Llama computes x * cos + rotate_half(x) * sin.
+    Same bits, on the engine's layouts: q/k as views of the fused qkv output, and answer rows."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    table = RotaryTable(1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)), 1.0, 4096)
+    cos, sin = table(torch.arange(5, 5 + 700))
+    q, k, _ = (torch.randn(700, 960) * 3).split([576, 192, 192], dim=-1)
+    for x in (q.reshape(-1, 9, 64), k.reshape(-1, 3, 64), q.reshape(-1, 9, 64)[[3, 99, 699]]):
+        c, s = (cos, sin) if x.shape[0] == 700 else (cos[[3, 99, 699]], sin[[3, 99, 699]])
+        assert torch.equal(apply_rotary(x, c, s), x * c + rotate_half(x) * s)
+
+
 @pytest.mark.parametrize("route", ["int16", "float"])
 @pytest.mark.parametrize("act_passes, weight_passes", [(1, 1), (2, 2)])
 @pytest.mark.parametrize("rows", [1, 5, 760])

