@@ -1,4 +1,5 @@
 """INT8 path: bit-identical probabilities however requests are batched, and exact integer GEMMs."""
+import math
 import numpy as np
 import pytest
 import torch
@@ -168,7 +169,7 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     monkeypatch.setattr(int_matmul.ExactWeight, "matmul", lambda self, x: (timed.append(self.route), real_matmul(self, x))[1])
 
     def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
-        return lambda fn, repeats=3: (fn(), seconds[timed[-1]])[1]
+        return lambda fn, repeats=3, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
 
     has_int16 = int16_gemm_cpu.load() is not None
     monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "float": 3.0}))
@@ -182,3 +183,29 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     monkeypatch.setenv("PRISM_INT8_ROUTE", "float")
     monkeypatch.setattr(int_matmul, "_route", None)
     assert int_matmul.route(1, 1) == "float"  # forced for every pass count
+
+
+def test_route_timing_gives_up_on_a_route_that_cannot_win(monkeypatch):
+    """_time stops calling a route once its timed calls pass the best total so far (or its warm-up
+    passes ten times it) and reports it as infinitely slow; a route within the bound is timed in full."""
+    from prism_backend.model import int_matmul
+
+    clock = [0.0]
+    monkeypatch.setattr(int_matmul.time, "perf_counter", lambda: clock[0])
+
+    def route_taking(seconds, first=None):
+        calls = []
+
+        def fn():
+            clock[0] += first if first is not None and not calls else seconds
+            calls.append(1)
+        return fn, calls
+
+    fn, calls = route_taking(1.0)
+    assert int_matmul._time(fn, repeats=3, give_up=3.5) == 3.0 and len(calls) == 4
+    fn, calls = route_taking(2.0)
+    assert int_matmul._time(fn, repeats=3, give_up=3.5) == math.inf and len(calls) == 3  # warm-up + 2
+    fn, calls = route_taking(1.0, first=40.0)  # a warm-up past ten times the best: not timed further
+    assert int_matmul._time(fn, repeats=3, give_up=3.5) == math.inf and len(calls) == 1
+    fn, calls = route_taking(1.0, first=30.0)  # a slow first call within it: timed in full
+    assert int_matmul._time(fn, repeats=3, give_up=3.5) == 3.0 and len(calls) == 4

@@ -34,6 +34,7 @@ PRISM_INT8_ROUTE forces one route for every pass count (tests, benchmarks).
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -65,11 +66,21 @@ def int8_passes(x: torch.Tensor, passes: int) -> list[torch.Tensor]:
     return digits
 
 
-def _time(fn, repeats: int = 3) -> float:
+def _time(fn, repeats: int = 3, give_up: float = math.inf) -> float:
+    """Seconds for `repeats` calls of fn after one warm-up call; inf as soon as the timed calls pass
+    `give_up` (the best total so far: this route cannot be the fastest) or the warm-up passes ten
+    times it (a first call may pay one-off setup, such as oneDNN building its kernel). Without VNNI
+    `torch._int_mm` is a plain loop, ~30x an fp32 GEMM: timing it in full for every pass count
+    added a few hundred ms to each process start."""
+    start = time.perf_counter()
     fn()
+    if time.perf_counter() - start > 10 * give_up:
+        return math.inf
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
+        if time.perf_counter() - start > give_up:
+            return math.inf
     return time.perf_counter() - start
 
 
@@ -87,7 +98,8 @@ def _forced() -> str | None:
 
 def route(act_passes: int = 2, weight_passes: int = 2) -> str:
     """The CPU route of this process for integers of these pass counts (see the module docstring);
-    timed once per pass count on a (128, 576) x (576, 512) product (~0.1 s with VNNI, ~1 s without)."""
+    timed once per pass count on a (128, 576) x (576, 512) product (~0.1 s), a route's timing cut
+    short once it cannot win."""
     forced = _forced()
     if forced is not None:
         return forced
@@ -99,8 +111,13 @@ def route(act_passes: int = 2, weight_passes: int = 2) -> str:
         w = torch.randint(-w_bound, w_bound + 1, (576, 512), generator=gen).float()
         candidates = [r for r in ROUTES if r != "int16" or
                       (int16_gemm_cpu.load() is not None and int16_gemm_cpu.fits(x_bound, w_bound))]
-        weights = {r: ExactWeight(w, act_passes, weight_passes, chosen=r) for r in candidates}
-        _fastest[key] = min(candidates, key=lambda r: _time(lambda: weights[r].matmul(x)))
+        best, best_seconds = None, math.inf
+        for r in candidates:
+            weight = ExactWeight(w, act_passes, weight_passes, chosen=r)
+            seconds = _time(lambda: weight.matmul(x), give_up=best_seconds)
+            if best is None or seconds < best_seconds:
+                best, best_seconds = r, seconds
+        _fastest[key] = best
     return _fastest[key]
 
 
