@@ -5,8 +5,9 @@
 The same forests (bench/workloads.py, prefix cache off) through engines differing only in
 precision: fp32 and the int8 pass ladder (model/quant.py): one pass each side (plain W8A8), two
 activation passes (13 bits) with one weight pass, two each (the default, 13 x 13 bits). Without VNNI
-every one of them is one exact int16 GEMM per projection (kernels/int16_gemm_cpu.py); the route in
-use is printed with the results. Repeats are interleaved
+every one of them is one exact int16 GEMM per projection (kernels/int16_gemm_cpu.py); with AVX-512
+VNNI, one pass a side runs the 8-bit kernel of the same library. The routes in use are printed with
+the results. Repeats are interleaved
 across engines so machine noise hits all alike. Besides the time, each int8 variant's largest
 |p - p_fp32| over the workload's decisions (the eval, evals/run_eval.py, measures accuracy at scale).
 Writes bench/results/precision.md.
@@ -62,7 +63,8 @@ def main() -> None:
     lines = ["# Prism engine: int8 vs fp32", "",
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats}` on CPU(s) "
              f"{sorted(os.sched_getaffinity(0))}, {threads} thread(s), prefix cache off, median of "
-             f"{args.repeats} interleaved runs; int8 route `{route()}`.", "",
+             f"{args.repeats} interleaved runs; int8 routes (model/int_matmul.py, timed per pass count): "
+             f"1+1 `{route(1, 1)}`, 2+1 `{route(2, 1)}`, 2+2 `{route(2, 2)}`.", "",
              "| workload | engine | ms (median) | min-max ms | time / fp32 | max abs(p - p_fp32) |",
              "|---|---|---|---|---|---|"]
     for workload in WORKLOADS:

@@ -76,6 +76,15 @@ def has_avx2() -> bool:
     return {"avx2", "fma"} <= set(line.split(":", 1)[1].split())
 
 
+def has_avx512_vnni() -> bool:
+    """Whether this CPU runs the 8-bit kernel (AVX-512 F/BW/VL and VNNI)."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= set(line.split(":", 1)[1].split())
+
+
 def load():
     """The loaded library, or None where it cannot be built here (why_not() says why)."""
     global _lib, _why_not
@@ -95,6 +104,12 @@ def load():
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.prism_quantize_rows_u8.restype = None
+        lib.prism_quantize_rows_u8.argtypes = lib.prism_quantize_rows.argtypes
+        lib.prism_vnni8_gemm.restype = None
+        lib.prism_vnni8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_int]
         _lib = lib
     return _lib
 
@@ -180,4 +195,80 @@ class PackedWeight:
             out = torch.empty(m, self.n, dtype=torch.float64)
         lib.prism_int16_gemm(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
                              chunk_pairs(x_bound, self.w_bound), *args, out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+VNNI_PANEL = 32  # output columns per packed panel of the 8-bit kernel (NR8 in the source)
+VNNI_ZERO_POINT = 128  # activations enter vpdpbusd as q + 128 (its unsigned operand)
+VNNI_MAX_K = (INT32_MAX // (255 * 127)) // 4 * 4  # the longest K whose lane sums cannot overflow int32
+
+
+def vnni8_available() -> bool:
+    """Whether the 8-bit kernel runs here: the library loads and the CPU has AVX-512 VNNI."""
+    return has_avx512_vnni() and load() is not None
+
+
+class PackedWeight8:
+    """An 8-bit integer weight W (K, N), |W| <= 127, packed for the AVX-512 VNNI kernel: panels of 32
+    columns, each k-quad of a column adjacent (vpdpbusd's 4 bytes per int32 lane)."""
+
+    def __init__(self, w_int: torch.Tensor):
+        """w_int: (K, N) integer-valued tensor, |w_int| <= 127, K <= VNNI_MAX_K."""
+        k, n = w_int.shape
+        if k > VNNI_MAX_K:
+            raise ValueError(f"K = {k} is beyond the 8-bit kernel's int32 bound ({VNNI_MAX_K})")
+        self.k, self.n = k, n
+        self.kquads, panels = -(-k // 4), -(-n // VNNI_PANEL)
+        padded = torch.zeros(4 * self.kquads, panels * VNNI_PANEL, dtype=torch.int8)
+        padded[:k, :n] = w_int.to(torch.int8)
+        # (4*kquads, panels*32) -> (panels, kquads, 32, 4): the four k of a column's int32 lane are adjacent
+        self.packed = padded.view(self.kquads, 4, panels, VNNI_PANEL).permute(2, 0, 3, 1).contiguous()
+        # (panels*32,) int32: what the zero point adds to every output of column c
+        self.correction = (VNNI_ZERO_POINT * padded.sum(dim=0, dtype=torch.int32)).contiguous()
+
+    def unpacked(self) -> torch.Tensor:
+        """W again, (K, N) int8 (for the int8 digits the Triton-lang kernel takes)."""
+        panels = self.packed.shape[0]
+        return self.packed.permute(1, 3, 0, 2).reshape(4 * self.kquads, panels * VNNI_PANEL)[: self.k, : self.n]
+
+    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (M, K) float32 -> its per-row integers + 128 as the kernel's uint8 operand (M, 4 * kquads)
+        and the row scales (M, 1) float32: quant.py's symmetric rounding, same integers and scales."""
+        if x_bound > 127:
+            raise ValueError(f"the 8-bit kernel takes integers up to 127, not {x_bound}")
+        x = x.float().contiguous()
+        m = x.shape[0]
+        xu = torch.empty(m, 4 * self.kquads, dtype=torch.uint8)
+        scale = torch.empty(m, 1, dtype=torch.float32)
+        _library().prism_quantize_rows_u8(x.data_ptr(), m, self.k, x_bound, xu.data_ptr(), 4 * self.kquads,
+                                          scale.data_ptr(), torch.get_num_threads())
+        return xu, scale
+
+    def matmul(self, x_int: torch.Tensor, x_bound: int = 127, x_scale: torch.Tensor | None = None,
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x_int: (M, K) integer-valued, |x_int| <= x_bound <= 127, or quantize()'s uint8 operand. Without scales ->
+        (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) -> (M, N) float32, the
+        dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,): PackedWeight.matmul's contract."""
+        lib = _library()
+        if not has_avx512_vnni():
+            raise RuntimeError("the 8-bit kernel needs a CPU with AVX-512 VNNI")
+        if x_bound > 127:
+            raise ValueError(f"the 8-bit kernel takes integers up to 127, not {x_bound}")
+        m = x_int.shape[0]
+        if x_int.dtype == torch.uint8:
+            xu = x_int
+        else:
+            xu = torch.full((m, 4 * self.kquads), VNNI_ZERO_POINT, dtype=torch.uint8)
+            xu[:, : self.k] = (x_int.to(torch.int16) + VNNI_ZERO_POINT).to(torch.uint8)
+        xu = xu.contiguous()
+        args = [None, None, None]
+        if x_scale is not None:
+            out = torch.empty(m, self.n, dtype=torch.float32)
+            kept = [x_scale.reshape(m).float().contiguous(), w_scale.float().contiguous(),
+                    None if bias is None else bias.float().contiguous()]
+            args = [None if t is None else t.data_ptr() for t in kept]
+        else:
+            out = torch.empty(m, self.n, dtype=torch.float64)
+        lib.prism_vnni8_gemm(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
+                             *args, out.data_ptr(), torch.get_num_threads())
         return out

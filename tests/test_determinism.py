@@ -171,15 +171,20 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
         return lambda fn, repeats=3, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
 
-    has_int16 = int16_gemm_cpu.load() is not None
-    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "float": 3.0}))
-    assert int_matmul.route(2, 2) == "int_mm"
+    has_int16, has_vnni8 = int16_gemm_cpu.load() is not None, int16_gemm_cpu.vnni8_available()
+    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "float": 3.0}))
+    assert int_matmul.route(2, 2) == "int_mm"  # the 8-bit kernel is no candidate for two passes
     assert set(timed) == ({"int_mm", "int16", "float"} if has_int16 else {"int_mm", "float"})
     timed.clear()
-    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "float": 2.0}))
+    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 0.5, "float": 2.0}))
     assert int_matmul.route(2, 2) == "int_mm"  # chosen once per process and pass count
     assert int_matmul.route(3, 2) == "float" and "int16" not in timed  # 3 passes do not fit int16
-    assert int_matmul.route(1, 1) == ("int16" if has_int16 else "float")
+    assert int_matmul.route(1, 1) == ("vnni8" if has_vnni8 else "int16" if has_int16 else "float")
+    assert ("vnni8" in timed) == has_vnni8  # a candidate for one pass a side where the CPU runs it
+    int_matmul._fastest.clear()
+    timed.clear()
+    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 1.5, "float": 2.0}))
+    assert int_matmul.route(1, 1) == ("int16" if has_int16 else "float")  # a slower 8-bit kernel is not kept
     monkeypatch.setenv("PRISM_INT8_ROUTE", "float")
     monkeypatch.setattr(int_matmul, "_route", None)
     assert int_matmul.route(1, 1) == "float"  # forced for every pass count

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import int16_gemm_cpu
-from kernels.int16_gemm_cpu import PackedWeight, chunk_pairs, fits
+from kernels.int16_gemm_cpu import PackedWeight, PackedWeight8, chunk_pairs, fits
 from prism_backend.model.int_matmul import dequantize, int_bound
 from prism_backend.reproducibility import torch_threads
 
@@ -200,3 +200,79 @@ def test_unpacked_gives_the_weight_back():
     """The Triton-lang kernel's int8 digits are made from the packed copy (no second copy of W is kept)."""
     _, w = extreme_integers(3, 577, 37, 1, int_bound(2))
     assert torch.equal(PackedWeight(w, int_bound(2)).unpacked(), w.to(torch.int16))
+
+
+# ---- the 8-bit kernel (AVX-512 VNNI): one activation pass x one weight pass ----------------------
+needs_vnni = pytest.mark.skipif(not int16_gemm_cpu.has_avx512_vnni(), reason="the 8-bit kernel needs AVX-512 VNNI")
+
+
+def test_the_8_bit_kernel_is_a_route_exactly_where_the_cpu_runs_it():
+    """Where the CPU has AVX-512 VNNI the 8-bit kernel is available and a candidate for one pass a
+    side (never for more); elsewhere it is no candidate and forcing it is an error, not a crash."""
+    from prism_backend.model import int_matmul
+
+    here = int16_gemm_cpu.has_avx512_vnni()
+    assert int16_gemm_cpu.vnni8_available() == here
+    assert int_matmul.runs_here("vnni8", 127, 127) == here
+    assert not int_matmul.runs_here("vnni8", int_bound(2), 127)
+    assert not int_matmul.runs_here("vnni8", 127, int_bound(2))
+    if here:  # a forced 8-bit route for two passes takes the next exact kernel
+        assert int_matmul.ExactWeight(torch.zeros(8, 3), 2, 2, "vnni8").route == "int16"
+        assert int_matmul.ExactWeight(torch.zeros(8, 3), 1, 1, "vnni8").route == "vnni8"
+
+
+@needs_vnni
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (8, 2, 32), (9, 1536, 192), (37, 1100, 1537),
+                                     (13, 31, 3)])
+def test_8_bit_kernel_exact_at_the_bounds(m, k, n):
+    x, w = extreme_integers(m, k, n, 127, 127, seed=m * k + n)
+    packed = PackedWeight8(w)
+    got = packed.matmul(x, 127)
+    assert got.dtype == torch.float64 and torch.equal(got, x.double() @ w.double())
+    assert got[0, 0] == k * 127 * 127 and torch.equal(packed.unpacked().float(), w)
+
+
+@needs_vnni
+def test_8_bit_kernel_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError):
+        PackedWeight8(torch.zeros(int16_gemm_cpu.VNNI_MAX_K + 4, 2))
+    with pytest.raises(ValueError):
+        PackedWeight8(torch.zeros(4, 2)).matmul(torch.zeros(1, 4), int_bound(2))
+
+
+@needs_vnni
+@pytest.mark.parametrize("m, k", [(1, 576), (7, 577), (33, 1536), (3, 5)])
+def test_8_bit_quantisation_equals_the_torch_one(m, k):
+    """Its operand is quant.py's 8-bit integers + 128, the padding 128 (= 0), the scales bit for bit."""
+    from prism_backend.model.quant import _round_to_grid, _symmetric_scale
+
+    gen = torch.Generator().manual_seed(m + k)
+    x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 9, k)
+    x[0, :4] = torch.tensor([2.5, -2.5, 3.5, 0.5]) * (x[0].abs().max() / 127)
+    if m > 2:
+        x[1] = 0.0
+    packed = PackedWeight8(torch.zeros(k, 3))
+    xu, scale = packed.quantize(x, 127)
+    ref_scale = _symmetric_scale(x.abs().amax(dim=1, keepdim=True), 127)
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(xu[:, :k].float() - 128, _round_to_grid(x, ref_scale, 127))
+    assert (xu[:, k:] == 128).all() and xu.shape[1] % 4 == 0
+
+
+@needs_vnni
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 760])
+def test_8_bit_kernel_fused_epilogue_rows_and_threads(m, bias):
+    """The fused dequantisation gives the torch epilogue's bits, and neither the rows in the call nor
+    the thread count changes one."""
+    x, w = extreme_integers(760, 1537, 577, 127, 127, seed=m)
+    gen = torch.Generator().manual_seed(m)
+    x_scale, w_scale = torch.rand(760, 1, generator=gen) * 1e-2, torch.rand(577, generator=gen) * 1e-3
+    b = torch.randn(577, generator=gen) if bias else None
+    packed = PackedWeight8(w)
+    with torch_threads(1):
+        full = packed.matmul(x, 127, x_scale, w_scale, b)
+    assert torch.equal(full, dequantize(x.double() @ w.double(), x_scale, w_scale, b))
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            assert torch.equal(packed.matmul(x[:m], 127, x_scale[:m], w_scale, b), full[:m]), threads

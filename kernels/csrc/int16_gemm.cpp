@@ -45,6 +45,32 @@ struct Epilogue {
   long n;
 };
 
+// One output row's ncols sums (exact integers as float64) from column col on: raw, or dequantised as
+// float32 (float)((sum * x_scale[row]) * w_scale[c]) (+ bias[c]) -- vectorised four columns at a time
+// with the same IEEE operations as the scalar tail (no FP contraction), so every column gets the
+// bits of quant.py's torch epilogue wherever it sits. Shared by both kernels below.
+inline void store_row(const double* c, int row, int col, int ncols, const Epilogue& e) {
+  const long base = (long)row * e.n + col;
+  if (!e.x_scale) {
+    memcpy(static_cast<double*>(e.out) + base, c, sizeof(double) * ncols);
+    return;
+  }
+  const double xs = e.x_scale[row];
+  float* dst = static_cast<float*>(e.out) + base;
+  const __m256d vxs = _mm256_set1_pd(xs);
+  int j = 0;
+  for (; j + 4 <= ncols; j += 4) {
+    const __m256d ws = _mm256_cvtps_pd(_mm_loadu_ps(e.w_scale + col + j));
+    __m128 v = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(c + j), vxs), ws));
+    if (e.bias) v = _mm_add_ps(v, _mm_loadu_ps(e.bias + col + j));
+    _mm_storeu_ps(dst + j, v);
+  }
+  for (; j < ncols; ++j) {
+    float v = (float)((c[j] * xs) * (double)e.w_scale[col + j]);
+    dst[j] = e.bias ? v + e.bias[col + j] : v;
+  }
+}
+
 // The operands of one product: X's rows and, for every tile of MR rows, where its int32 runs end.
 struct Operand {
   const int16_t* x;      // (m, 2 * kpairs)
@@ -106,29 +132,7 @@ inline void tile(const Operand& a, const int16_t* panel, int row, int col, int n
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const long base = (long)(row + r) * e.n + col;
-    if (!e.x_scale) {
-      memcpy(static_cast<double*>(e.out) + base, c[r], sizeof(double) * ncols);
-      continue;
-    }
-    const double xs = e.x_scale[row + r];
-    float* dst = static_cast<float*>(e.out) + base;
-    int j = 0;
-    if (ncols == NR) {  // vectorised: the same IEEE operations as the scalar tail below
-      const __m256d vxs = _mm256_set1_pd(xs);
-      for (; j < NR; j += 4) {
-        const __m256d ws = _mm256_cvtps_pd(_mm_loadu_ps(e.w_scale + col + j));
-        __m128 v = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(_mm256_load_pd(c[r] + j), vxs), ws));
-        if (e.bias) v = _mm_add_ps(v, _mm_loadu_ps(e.bias + col + j));
-        _mm_storeu_ps(dst + j, v);
-      }
-    }
-    for (; j < ncols; ++j) {
-      float v = (float)((c[r][j] * xs) * (double)e.w_scale[col + j]);
-      dst[j] = e.bias ? v + e.bias[col + j] : v;
-    }
-  }
+  for (int r = 0; r < R; ++r) store_row(c[r], row + r, col, ncols, e);
 }
 
 template <int R>
@@ -136,6 +140,97 @@ void rows(const Operand& a, const int16_t* panel, int row, int col, int ncols, i
   if constexpr (R > 0) {
     if (m == R) return tile<R>(a, panel, row, col, ncols, e);
     rows<R - 1>(a, panel, row, col, ncols, m, e);
+  }
+}
+
+// ---- 8-bit x 8-bit on AVX-512 VNNI (one activation pass, one weight pass) ----
+// vpdpbusd multiplies 4 unsigned x 4 signed bytes and adds the four products into an int32 lane:
+// 64 products per instruction, twice vpmaddwd's 32 (per 512 bits). The activations go in as
+// u = q + 128 in [1, 255], so each lane sums (q + 128) * w; subtracting 128 * sum_k W[k][c] (`corr`,
+// exact) leaves X @ W. No run can overflow: |lane| <= 4 * kquads * 255 * 127 < 2^31 for K < 66,000
+// (checked by the caller). Integers, so exact in any order: rows, tiles and threads change no bit.
+#define PRISM_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+constexpr int NR8 = 32;  // columns per panel: two 16-lane int32 accumulators per row
+constexpr int MR8 = 8;   // rows per tile: 16 accumulators + 2 weight registers of AVX-512's 32
+
+template <int R>
+PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_t* panel, const int32_t* corr,
+                             int row, int col, int ncols, const Epilogue& e) {
+  __m512i acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  const uint8_t* xr = x + (long)row * ldx;
+  for (int kq = 0; kq < kquads; ++kq) {
+    const __m512i b0 = _mm512_loadu_si512(panel + (long)kq * 4 * NR8);
+    const __m512i b1 = _mm512_loadu_si512(panel + (long)kq * 4 * NR8 + 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      memcpy(&quad, xr + r * ldx + 4 * kq, sizeof quad);
+      const __m512i a = _mm512_set1_epi32(quad);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], a, b0);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], a, b1);
+    }
+  }
+  alignas(64) double c[NR8];
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512i sum = _mm512_sub_epi32(acc[r][h], _mm512_loadu_si512(corr + col + 16 * h));
+      _mm512_store_pd(c + 16 * h, _mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)));
+      _mm512_store_pd(c + 16 * h + 8, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)));
+    }
+    store_row(c, row + r, col, ncols, e);
+  }
+}
+
+template <int R>
+PRISM_VNNI void rows8(const uint8_t* x, long ldx, int kquads, const int8_t* panel, const int32_t* corr, int row,
+                      int col, int ncols, int m, const Epilogue& e) {
+  if constexpr (R > 0) {
+    if (m == R) return tile8<R>(x, ldx, kquads, panel, corr, row, col, ncols, e);
+    rows8<R - 1>(x, ldx, kquads, panel, corr, row, col, ncols, m, e);
+  }
+}
+
+// Per-row symmetric quantisation (see prism_quantize_rows) into int16, or into uint8 as q + 128.
+inline void store8(int16_t* out, __m256i i32) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1)));
+}
+inline void store8(uint8_t* out, __m256i i32) {  // q + 128 is in [1, 255]: neither pack saturates
+  const __m256i u = _mm256_add_epi32(i32, _mm256_set1_epi32(128));
+  const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(i16, i16));
+}
+template <typename T>
+constexpr int zero_point() { return sizeof(T) == 1 ? 128 : 0; }
+
+template <typename T>
+void quantize_rows(const float* x, int m, int k, int bound, T* q, int ldq, float* scale, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) {
+    const float* row = x + (long)r * k;
+    T* out = q + (long)r * ldq;
+    __m256 vmax = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    int j = 0;
+    for (; j + 8 <= k; j += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + j)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    float amax = 0.0f;
+    for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
+    for (; j < k; ++j) amax = __builtin_fabsf(row[j]) > amax ? __builtin_fabsf(row[j]) : amax;
+    const float s = amax > 0.0f ? amax / (float)bound : 1.0f;
+    scale[r] = s;
+    const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps((float)bound), lo = _mm256_set1_ps(-(float)bound);
+    for (j = 0; j + 8 <= k; j += 8) {
+      __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+      store8(out + j, _mm256_cvtps_epi32(v));
+    }
+    for (; j < k; ++j) {
+      float v = __builtin_nearbyintf(row[j] / s);
+      v = v < -(float)bound ? -(float)bound : (v > (float)bound ? (float)bound : v);
+      out[j] = (T)((int)v + zero_point<T>());
+    }
+    for (; j < ldq; ++j) out[j] = (T)zero_point<T>();
   }
 }
 
@@ -192,40 +287,40 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
   }
 }
 
+// x: (m, 4*kquads) uint8, the activations + 128 (prism_quantize_rows_u8); packed: (ceil(n/32), kquads, 32, 4)
+// int8; corr: (ceil(n/32) * 32,) int32, 128 * sum_k W[k][c]. Rows in L2-sized blocks, OpenMP threads over
+// the panels as in prism_int16_gemm; the same epilogue arguments. Call only where the CPU has AVX-512 VNNI.
+PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
+                                 const float* x_scale, const float* w_scale, const float* bias, void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, out, n};
+  const int panels = (n + NR8 - 1) / NR8;
+  const long ldx = 4L * kquads;
+  const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;
+#pragma omp parallel num_threads(threads)
+  for (int r0 = 0; r0 < m; r0 += row_block) {
+    const int r1 = r0 + row_block < m ? r0 + row_block : m;
+#pragma omp for schedule(static) nowait
+    for (int p = 0; p < panels; ++p) {
+      const int8_t* panel = packed + (long)p * kquads * 4 * NR8;
+      const int col = p * NR8, ncols = n - col < NR8 ? n - col : NR8;
+      int r = r0;
+      for (; r + MR8 <= r1; r += MR8) tile8<MR8>(x, ldx, kquads, panel, corr, r, col, ncols, e);
+      if (r < r1) rows8<MR8 - 1>(x, ldx, kquads, panel, corr, r, col, ncols, r1 - r, e);
+    }
+  }
+}
+
 // Per-row symmetric quantisation, the same IEEE operations as quant.py's torch version:
 // scale = amax / bound (1 for an all-zero row), q = clamp(round_half_even(x / scale), -bound, bound).
 // x: (m, k) float32; q: (m, ldq) int16 with the columns k..ldq zeroed (the kernel's k-pair padding).
 void prism_quantize_rows(const float* x, int m, int k, int bound, int16_t* q, int ldq, float* scale, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int r = 0; r < m; ++r) {
-    const float* row = x + (long)r * k;
-    int16_t* out = q + (long)r * ldq;
-    __m256 vmax = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    int j = 0;
-    for (; j + 8 <= k; j += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + j)));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vmax);
-    float amax = 0.0f;
-    for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
-    for (; j < k; ++j) amax = __builtin_fabsf(row[j]) > amax ? __builtin_fabsf(row[j]) : amax;
-    const float s = amax > 0.0f ? amax / (float)bound : 1.0f;
-    scale[r] = s;
-    const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps((float)bound), lo = _mm256_set1_ps(-(float)bound);
-    for (j = 0; j + 8 <= k; j += 8) {
-      __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-      const __m256i i32 = _mm256_cvtps_epi32(v);
-      const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), i16);
-    }
-    for (; j < k; ++j) {
-      float v = __builtin_nearbyintf(row[j] / s);
-      v = v < -(float)bound ? -(float)bound : (v > (float)bound ? (float)bound : v);
-      out[j] = (int16_t)v;
-    }
-    for (; j < ldq; ++j) out[j] = 0;
-  }
+  quantize_rows(x, m, k, bound, q, ldq, scale, threads);
+}
+
+// The same integers for the 8-bit kernel (bound <= 127), stored as q + 128 in uint8 (vpdpbusd's unsigned
+// operand); the padding columns k..ldq hold 128, i.e. 0.
+void prism_quantize_rows_u8(const float* x, int m, int k, int bound, uint8_t* q, int ldq, float* scale, int threads) {
+  quantize_rows(x, m, k, bound, q, ldq, scale, threads);
 }
 
 }  // extern "C"

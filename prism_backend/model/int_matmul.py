@@ -45,7 +45,7 @@ from kernels import int16_gemm_cpu
 EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
 PASS_BASE = 128  # passes are base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
 BOUNDS = {1: 127, 2: 8191, 3: 127 * PASS_BASE**2}
-ROUTES = ("int_mm", "int16", "float")
+ROUTES = ("int_mm", "int16", "vnni8", "float")
 _route: str | None = None  # a forced route (PRISM_INT8_ROUTE, tests) for every pass count, or None
 _fastest: dict[tuple[int, int], str] = {}  # (act_passes, weight_passes) -> the route timed fastest here
 
@@ -92,6 +92,8 @@ def _forced() -> str | None:
             raise ValueError(f"PRISM_INT8_ROUTE must be one of {ROUTES}, got {forced!r}")
         if forced == "int16" and int16_gemm_cpu.load() is None:
             raise RuntimeError(f"PRISM_INT8_ROUTE=int16: {int16_gemm_cpu.why_not()}")
+        if forced == "vnni8" and not int16_gemm_cpu.vnni8_available():
+            raise RuntimeError("PRISM_INT8_ROUTE=vnni8: needs the kernel library and a CPU with AVX-512 VNNI")
         _route = forced
     return _route
 
@@ -109,8 +111,7 @@ def route(act_passes: int = 2, weight_passes: int = 2) -> str:
         x_bound, w_bound = int_bound(act_passes), int_bound(weight_passes)
         x = torch.randint(-x_bound, x_bound + 1, (128, 576), generator=gen).float()
         w = torch.randint(-w_bound, w_bound + 1, (576, 512), generator=gen).float()
-        candidates = [r for r in ROUTES if r != "int16" or
-                      (int16_gemm_cpu.load() is not None and int16_gemm_cpu.fits(x_bound, w_bound))]
+        candidates = [r for r in ROUTES if runs_here(r, x_bound, w_bound)]
         best, best_seconds = None, math.inf
         for r in candidates:
             weight = ExactWeight(w, act_passes, weight_passes, chosen=r)
@@ -119,6 +120,16 @@ def route(act_passes: int = 2, weight_passes: int = 2) -> str:
                 best, best_seconds = r, seconds
         _fastest[key] = best
     return _fastest[key]
+
+
+def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
+    """Whether `route_name` can multiply integers of these bounds on this machine: int16 where its
+    library loads and they fit int16, vnni8 for 8-bit integers on AVX-512 VNNI CPUs, the rest always."""
+    if route_name == "int16":
+        return int16_gemm_cpu.load() is not None and int16_gemm_cpu.fits(x_bound, w_bound)
+    if route_name == "vnni8":
+        return max(x_bound, w_bound) <= BOUNDS[1] and int16_gemm_cpu.vnni8_available()
+    return True
 
 
 class ExactWeight:
@@ -133,24 +144,34 @@ class ExactWeight:
         self.route = chosen or (route(act_passes, weight_passes) if not w_int.is_cuda else "int_mm")
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {self.route!r}")
+        if self.route == "vnni8" and (max(self.x_bound, self.w_bound) > BOUNDS[1] or
+                                      w_int.shape[0] > int16_gemm_cpu.VNNI_MAX_K):
+            self.route = "int16"  # a forced route for more than one pass: the next exact kernel
         if self.route == "int16" and not int16_gemm_cpu.fits(self.x_bound, self.w_bound):
             self.route = "float"  # three activation passes: integers beyond int16
         self.digits = None  # (K, N) int8 each, most significant first: int_mm and the Triton-lang kernel
-        self.int16 = self.fp32_chunks = self.fp64 = None
+        self.int16 = self.vnni8 = self.fp32_chunks = self.fp64 = None
         if self.route == "int_mm":
             self.digits = int8_passes(w_int, weight_passes)
         elif self.route == "int16":
             self.int16 = int16_gemm_cpu.PackedWeight(w_int, self.w_bound)
+        elif self.route == "vnni8":
+            self.vnni8 = int16_gemm_cpu.PackedWeight8(w_int)
         elif act_passes == weight_passes == 1:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
         else:
             self.fp64 = w_int.double()  # (K, N) float64
 
+    @property
+    def fused(self):
+        """The packed weight of a kernel that also quantises and dequantises (int16 or vnni8), or None."""
+        return self.int16 if self.int16 is not None else self.vnni8
+
     def int8_digits(self) -> list[torch.Tensor]:
         """W's int8 passes (the Triton-lang kernel's operands), made from this route's copy on first use."""
         if self.digits is None:
-            if self.int16 is not None:
-                w_int = self.int16.unpacked().float()
+            if self.fused is not None:
+                w_int = self.fused.unpacked().float()
             else:
                 w_int = self.fp64.float() if self.fp64 is not None else torch.cat(self.fp32_chunks)
             self.digits = int8_passes(w_int, self.weight_passes)
@@ -159,8 +180,8 @@ class ExactWeight:
     def matmul(self, x_int: torch.Tensor) -> torch.Tensor:
         """x_int: (M, K) integer-valued float32, |x_int| <= int_bound(act_passes) -> (M, N) float64,
         exactly x_int @ w_int."""
-        if self.int16 is not None:
-            return self.int16.matmul(x_int, self.x_bound)
+        if self.fused is not None:
+            return self.fused.matmul(x_int, self.x_bound)
         if self.fp64 is not None:
             return torch.mm(x_int.double(), self.fp64)
         if self.fp32_chunks is not None:

@@ -88,9 +88,9 @@ class Int8Linear:
             return dequantize(self.group.all_reduce_sum(self.w.matmul(x_int)), x_scale, self.w_scale, self.bias)
         if use_triton(self.kernels, x):
             return self._triton(*self.quantize_activations(x))
-        if self.w.int16 is not None:  # the AVX2 kernel: quantise, multiply, dequantise in one library
-            x16, x_scale = self.w.int16.quantize(x, self.act_bound)  # (M, in (even)) int16, (M, 1)
-            return self.w.int16.matmul(x16, self.act_bound, x_scale, self.w_scale, self.bias)
+        if self.w.fused is not None:  # the int16 or vnni8 kernel: quantise, multiply, dequantise in one library
+            x_kernel, x_scale = self.w.fused.quantize(x, self.act_bound)  # (M, in (padded)) int16 / uint8, (M, 1)
+            return self.w.fused.matmul(x_kernel, self.act_bound, x_scale, self.w_scale, self.bias)
         x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1)
         return dequantize(self.w.matmul(x_int), x_scale, self.w_scale, self.bias)  # (M, out) float32
 
