@@ -164,12 +164,13 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     monkeypatch.delenv("PRISM_INT8_ROUTE", raising=False)
     monkeypatch.setattr(int_matmul, "_route", None)
     monkeypatch.setattr(int_matmul, "_fastest", {})
-    timed = []  # the route of each ExactWeight whose product is being timed
-    real_matmul = int_matmul.ExactWeight.matmul
-    monkeypatch.setattr(int_matmul.ExactWeight, "matmul", lambda self, x: (timed.append(self.route), real_matmul(self, x))[1])
+    timed = []  # the route of each ExactWeight whose served projection is being timed
+    real_linear = int_matmul.ExactWeight.linear
+    monkeypatch.setattr(int_matmul.ExactWeight, "linear",
+                        lambda self, *args: (timed.append(self.route), real_linear(self, *args))[1])
 
     def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
-        return lambda fn, repeats=3, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
+        return lambda fn, repeats=5, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
 
     has_int16, has_vnni8 = int16_gemm_cpu.load() is not None, int16_gemm_cpu.vnni8_available()
     monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "float": 3.0}))
@@ -191,26 +192,27 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
 
 
 def test_route_timing_gives_up_on_a_route_that_cannot_win(monkeypatch):
-    """_time stops calling a route once its timed calls pass the best total so far (or its warm-up
-    passes ten times it) and reports it as infinitely slow; a route within the bound is timed in full."""
+    """_time reports the fastest of its timed calls (noise only adds time), stops calling a route
+    once one call takes over five times the best so far (or its warm-up over twenty times it) and
+    reports it as infinitely slow; a route within the bounds is timed in full."""
     from prism_backend.model import int_matmul
 
     clock = [0.0]
     monkeypatch.setattr(int_matmul.time, "perf_counter", lambda: clock[0])
 
-    def route_taking(seconds, first=None):
+    def route_taking(*seconds):  # the warm-up's time, then each timed call's (the last repeats)
         calls = []
 
         def fn():
-            clock[0] += first if first is not None and not calls else seconds
+            clock[0] += seconds[min(len(calls), len(seconds) - 1)]
             calls.append(1)
         return fn, calls
 
-    fn, calls = route_taking(1.0)
-    assert int_matmul._time(fn, repeats=3, give_up=3.5) == 3.0 and len(calls) == 4
-    fn, calls = route_taking(2.0)
-    assert int_matmul._time(fn, repeats=3, give_up=3.5) == math.inf and len(calls) == 3  # warm-up + 2
-    fn, calls = route_taking(1.0, first=40.0)  # a warm-up past ten times the best: not timed further
-    assert int_matmul._time(fn, repeats=3, give_up=3.5) == math.inf and len(calls) == 1
-    fn, calls = route_taking(1.0, first=30.0)  # a slow first call within it: timed in full
-    assert int_matmul._time(fn, repeats=3, give_up=3.5) == 3.0 and len(calls) == 4
+    fn, calls = route_taking(1.0, 1.0, 3.0, 1.0, 0.75, 1.25)  # a burst in the second call (exact binary times)
+    assert int_matmul._time(fn, repeats=5, give_up=1.0) == 0.75 and len(calls) == 6
+    fn, calls = route_taking(6.0, 2.0, 6.0, 2.0)  # a slower route, then a call past five times the best
+    assert int_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 3
+    fn, calls = route_taking(25.0, 1.0)  # a warm-up past twenty times the best: not timed further
+    assert int_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 1
+    fn, calls = route_taking(15.0, 0.5)  # a slow first call within it: timed in full, and faster
+    assert int_matmul._time(fn, repeats=5, give_up=1.0) == 0.5 and len(calls) == 6

@@ -178,7 +178,7 @@ def test_quantisation_equals_the_torch_one(m, k, passes):
     """The kernel's one-pass row quantisation gives quant.py's integers and scales, bit for bit:
     ties at .5 (round half to even), an all-zero row, tiny and huge rows, outlier channels."""
     from prism_backend.model.int_matmul import ExactWeight
-    from prism_backend.model.quant import _round_to_grid, _symmetric_scale
+    from prism_backend.model.int_matmul import round_to_grid, symmetric_scale
 
     bound = int_bound(passes)
     gen = torch.Generator().manual_seed(m * k)
@@ -189,8 +189,8 @@ def test_quantisation_equals_the_torch_one(m, k, passes):
         x[2] *= 1e-30
     packed = PackedWeight(torch.zeros(k, 3), bound)
     x16, scale = packed.quantize(x, bound)
-    ref_scale = _symmetric_scale(x.abs().amax(dim=1, keepdim=True), bound)
-    ref = _round_to_grid(x, ref_scale, bound)
+    ref_scale = symmetric_scale(x.abs().amax(dim=1, keepdim=True), bound)
+    ref = round_to_grid(x, ref_scale, bound)
     assert torch.equal(scale, ref_scale)
     assert torch.equal(x16[:, :k].float(), ref) and not x16[:, k:].any()
     assert ExactWeight(torch.zeros(k, 3), passes, passes, "int16").route == "int16"
@@ -244,7 +244,7 @@ def test_8_bit_kernel_refuses_what_it_cannot_hold():
 @pytest.mark.parametrize("m, k", [(1, 576), (7, 577), (33, 1536), (3, 5)])
 def test_8_bit_quantisation_equals_the_torch_one(m, k):
     """Its operand is quant.py's 8-bit integers + 128, the padding 128 (= 0), the scales bit for bit."""
-    from prism_backend.model.quant import _round_to_grid, _symmetric_scale
+    from prism_backend.model.int_matmul import round_to_grid, symmetric_scale
 
     gen = torch.Generator().manual_seed(m + k)
     x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 9, k)
@@ -253,9 +253,9 @@ def test_8_bit_quantisation_equals_the_torch_one(m, k):
         x[1] = 0.0
     packed = PackedWeight8(torch.zeros(k, 3))
     xu, scale = packed.quantize(x, 127)
-    ref_scale = _symmetric_scale(x.abs().amax(dim=1, keepdim=True), 127)
+    ref_scale = symmetric_scale(x.abs().amax(dim=1, keepdim=True), 127)
     assert torch.equal(scale, ref_scale)
-    assert torch.equal(xu[:, :k].float() - 128, _round_to_grid(x, ref_scale, 127))
+    assert torch.equal(xu[:, :k].float() - 128, round_to_grid(x, ref_scale, 127))
     assert (xu[:, k:] == 128).all() and xu.shape[1] % 4 == 0
 
 

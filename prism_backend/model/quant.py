@@ -21,20 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .int_matmul import PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound
+from .int_matmul import PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, round_to_grid, symmetric_scale
 
 from ..config import ComputeSettings
-
-
-def _symmetric_scale(amax: torch.Tensor, bound: int) -> torch.Tensor:
-    # An all-zero row gets scale 1 (its integers are all 0 anyway) instead of a division by 0.
-    return torch.where(amax > 0, amax / bound, torch.ones_like(amax))
-
-
-def _round_to_grid(x: torch.Tensor, scale: torch.Tensor, bound: int) -> torch.Tensor:
-    """x / scale rounded to integers (half to even), kept as float32 (exact below 2^24). The clamp
-    only guards the last-bit rounding of the scale itself."""
-    return torch.div(x, scale).round_().clamp_(-bound, bound)
 
 
 class Fp32Linear:
@@ -68,8 +57,8 @@ class Int8Linear:
         amax = weight.abs().amax(dim=1)  # (out,)
         if self.group is not None:
             self.group.all_reduce_max(amax)
-        self.w_scale = _symmetric_scale(amax, self.weight_bound).to(torch.float32)  # (out,)
-        w_int = _round_to_grid(weight, self.w_scale[:, None], self.weight_bound)  # (out, in)
+        self.w_scale = symmetric_scale(amax, self.weight_bound).to(torch.float32)  # (out,)
+        w_int = round_to_grid(weight, self.w_scale[:, None], self.weight_bound)  # (out, in)
         self.w = ExactWeight(w_int.t().contiguous(), self.act_passes, self.weight_passes)  # (in, out)
         self.bias = bias
         self.kernels = settings.kernels
@@ -79,8 +68,8 @@ class Int8Linear:
         amax = x.abs().amax(dim=1, keepdim=True)  # (M, 1)
         if self.group is not None:
             self.group.all_reduce_max(amax)
-        scale = _symmetric_scale(amax, self.act_bound)
-        return _round_to_grid(x, scale, self.act_bound), scale
+        scale = symmetric_scale(amax, self.act_bound)
+        return round_to_grid(x, scale, self.act_bound), scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised
@@ -88,11 +77,7 @@ class Int8Linear:
             return dequantize(self.group.all_reduce_sum(self.w.matmul(x_int)), x_scale, self.w_scale, self.bias)
         if use_triton(self.kernels, x):
             return self._triton(*self.quantize_activations(x))
-        if self.w.fused is not None:  # the int16 or vnni8 kernel: quantise, multiply, dequantise in one library
-            x_kernel, x_scale = self.w.fused.quantize(x, self.act_bound)  # (M, in (padded)) int16 / uint8, (M, 1)
-            return self.w.fused.matmul(x_kernel, self.act_bound, x_scale, self.w_scale, self.bias)
-        x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1)
-        return dequantize(self.w.matmul(x_int), x_scale, self.w_scale, self.bias)  # (M, out) float32
+        return self.w.linear(x, self.w_scale, self.bias)  # (M, out) float32
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """The Triton-lang kernel on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),
