@@ -1,6 +1,8 @@
 // Instruction throughput of the two products Prism's CPU paths are made of, on AVX2:
 //   fma_peak:  vfmadd231ps ymm (fp32 sgemm's inner instruction): 8 multiply-adds = 16 ops
 //   madd_peak: vpmaddwd ymm + vpaddd ymm (the int16 kernel's inner pair): 16 multiply-adds = 32 ops
+//   dpbusd_peak: vpdpbusd zmm (the 8-bit kernel's instruction; AVX-512 VNNI only): 64 multiply-adds
+//              = 128 ops; call it only where the CPU has it
 // 12 independent accumulators hide the latency; the empty asm keeps the operands opaque so the
 // compiler can neither hoist nor fold the products. Built and timed by bench/isa_peak.py.
 #include <immintrin.h>
@@ -34,5 +36,19 @@ double madd_peak(long iters) {
 #define SI(j) s = _mm256_add_epi32(s, c##j);
   R12(SI)
   alignas(32) int32_t t[8]; _mm256_store_si256((__m256i*)t, s); return t[0];
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) double dpbusd_peak(long iters) {
+#define DZ(j) __m512i c##j = _mm512_set1_epi32(j);
+  R12(DZ)
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+  for (long i = 0; i < iters; ++i) {
+#define P(j) c##j = _mm512_dpbusd_epi32(c##j, a, b);
+    R12(P)
+    __asm__ volatile("" : "+v"(a), "+v"(b));
+  }
+  __m512i s = _mm512_setzero_si512();
+#define SZ(j) s = _mm512_add_epi32(s, c##j);
+  R12(SZ)
+  alignas(64) int32_t t[16]; _mm512_store_si512((void*)t, s); return t[0];
 }
 }
