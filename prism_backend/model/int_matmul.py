@@ -125,7 +125,7 @@ def _forced() -> str | None:
 def route(act_passes: int = 2, weight_passes: int = 2) -> str:
     """The CPU route of this process for integers of these pass counts (see the module docstring):
     the fastest at the served projection (quantise, multiply, dequantise: ExactWeight.linear) on a
-    (128, 576) x (576, 512) product, timed once per pass count (~0.05 s), a route's timing cut
+    (512, 576) x (576, 1536) product, timed once per pass count (~0.1 s), a route's timing cut
     short once it cannot win. Timing the bare product instead let `int_mm` win for one pass a side
     now and then, though with its unfused passes it serves 3.9x slower than `vnni8`."""
     forced = _forced()
@@ -135,9 +135,12 @@ def route(act_passes: int = 2, weight_passes: int = 2) -> str:
     if key not in _fastest:
         gen = torch.Generator().manual_seed(0)
         x_bound, w_bound = int_bound(act_passes), int_bound(weight_passes)
-        x = torch.randn(128, 576, generator=gen)  # activations, quantised as served
-        w = torch.randint(-w_bound, w_bound + 1, (576, 512), generator=gen).float()
-        w_scale = torch.full((512,), 1e-3)
+        # a gate_up-sized product of 512 rows: long enough (~1-3 ms) that thread wake-ups and
+        # scheduling jitter cannot reorder routes that differ by 2x (a (128, 576) x (576, 512) one,
+        # ~0.2-0.4 ms, did now and then)
+        x = torch.randn(512, 576, generator=gen)  # activations, quantised as served
+        w = torch.randint(-w_bound, w_bound + 1, (576, 1536), generator=gen).float()
+        w_scale = torch.full((1536,), 1e-3)
         candidates = [r for r in ROUTES if runs_here(r, x_bound, w_bound)]
         best, best_seconds = None, math.inf
         for r in candidates:
