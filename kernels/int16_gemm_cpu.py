@@ -1,4 +1,5 @@
-"""The exact int16 GEMM for AVX2 CPUs (csrc/int16_gemm.cpp), built with g++ on first use.
+"""The exact int16 GEMM for AVX2 CPUs (csrc/int16_gemm.cpp), built with g++ on first use, and the
+same library's exact 8-bit GEMM for AVX-512 VNNI CPUs (PackedWeight8, one pass a side).
 
 Why it exists: on CPUs without VNNI, int8 arithmetic runs at the float32 FMA rate, so Prism's exact
 products used to cost one float64 GEMM (2x a float32 one). AVX2's vpmaddwd multiplies int16 pairs

@@ -1,4 +1,5 @@
-// Exact int16 x int16 matrix product for AVX2 CPUs, with Prism's dequantisation fused in.
+// Exact int16 x int16 matrix product for AVX2 CPUs, with Prism's dequantisation fused in (and, further
+// down, an exact 8-bit x 8-bit product for AVX-512 VNNI CPUs with the same quantisation and epilogue).
 //
 // The integers: X (m, 2*kpairs) int16 row-major, W packed by kernels/int16_gemm_cpu.py into panels
 // of 16 output columns (panel p, k-pair kp holds W[2kp][c], W[2kp+1][c] for its 16 columns c), so
