@@ -142,6 +142,24 @@ def fits(x_bound: int, w_bound: int) -> bool:
     return max(x_bound, w_bound) < 2**15 and 2 * x_bound * w_bound <= INT32_MAX
 
 
+class _Epilogue:
+    """The kernels' epilogue operands: float32 x_scale (M,), w_scale (N,), bias (N,) or none at all
+    (raw float64 sums). Holds the contiguous copies alive while the library reads their pointers."""
+
+    def __init__(self, m: int, x_scale, w_scale, bias):
+        self.tensors = [] if x_scale is None else [
+            x_scale.reshape(m).float().contiguous(), w_scale.float().contiguous(),
+            None if bias is None else bias.float().contiguous()]
+        self.pointers = [None if t is None else t.data_ptr() for t in self.tensors] or [None, None, None]
+
+
+def _epilogue(m: int, n: int, x_scale, w_scale, bias) -> tuple[torch.Tensor, _Epilogue]:
+    """The output tensor ((M, N) float32 dequantised, or float64 raw sums without scales) and the
+    epilogue operands of one kernel call."""
+    dtype = torch.float64 if x_scale is None else torch.float32
+    return torch.empty(m, n, dtype=dtype), _Epilogue(m, x_scale, w_scale, bias)
+
+
 class PackedWeight:
     """An integer weight W (K, N), |W| <= w_bound, packed into the kernel's panels."""
 
@@ -186,16 +204,10 @@ class PackedWeight:
         if x16.shape[1] != 2 * self.kpairs:
             x16 = torch.nn.functional.pad(x16, (0, 1))
         x16 = x16.contiguous()
-        args = [None, None, None]
-        if x_scale is not None:
-            out = torch.empty(m, self.n, dtype=torch.float32)
-            kept = [x_scale.reshape(m).float().contiguous(), w_scale.float().contiguous(),
-                    None if bias is None else bias.float().contiguous()]
-            args = [None if t is None else t.data_ptr() for t in kept]
-        else:
-            out = torch.empty(m, self.n, dtype=torch.float64)
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
         lib.prism_int16_gemm(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
-                             chunk_pairs(x_bound, self.w_bound), *args, out.data_ptr(), torch.get_num_threads())
+                             chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(),
+                             torch.get_num_threads())
         return out
 
 
@@ -262,14 +274,7 @@ class PackedWeight8:
             xu = torch.full((m, 4 * self.kquads), VNNI_ZERO_POINT, dtype=torch.uint8)
             xu[:, : self.k] = (x_int.to(torch.int16) + VNNI_ZERO_POINT).to(torch.uint8)
         xu = xu.contiguous()
-        args = [None, None, None]
-        if x_scale is not None:
-            out = torch.empty(m, self.n, dtype=torch.float32)
-            kept = [x_scale.reshape(m).float().contiguous(), w_scale.float().contiguous(),
-                    None if bias is None else bias.float().contiguous()]
-            args = [None if t is None else t.data_ptr() for t in kept]
-        else:
-            out = torch.empty(m, self.n, dtype=torch.float64)
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
         lib.prism_vnni8_gemm(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
-                             *args, out.data_ptr(), torch.get_num_threads())
+                             *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
         return out
