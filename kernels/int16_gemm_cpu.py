@@ -142,6 +142,17 @@ def fits(x_bound: int, w_bound: int) -> bool:
     return max(x_bound, w_bound) < 2**15 and 2 * x_bound * w_bound <= INT32_MAX
 
 
+def _quantize_rows(function, x: torch.Tensor, k: int, x_bound: int, width: int, dtype: torch.dtype):
+    """One of the library's row quantisers on x (M, K) -> (its operand (M, width) of `dtype`, the
+    row scales (M, 1) float32)."""
+    x = x.float().contiguous()
+    m = x.shape[0]
+    q = torch.empty(m, width, dtype=dtype)
+    scale = torch.empty(m, 1, dtype=torch.float32)
+    function(x.data_ptr(), m, k, x_bound, q.data_ptr(), width, scale.data_ptr(), torch.get_num_threads())
+    return q, scale
+
+
 class _Epilogue:
     """The kernels' epilogue operands: float32 x_scale (M,), w_scale (N,), bias (N,) or none at all
     (raw float64 sums). Holds the contiguous copies alive while the library reads their pointers."""
@@ -183,13 +194,7 @@ class PackedWeight:
     def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> its per-row integers as the kernel's int16 operand (M, 2 * kpairs)
         and the row scales (M, 1) float32: quant.py's symmetric rounding in one pass, same bits."""
-        x = x.float().contiguous()
-        m = x.shape[0]
-        x16 = torch.empty(m, 2 * self.kpairs, dtype=torch.int16)
-        scale = torch.empty(m, 1, dtype=torch.float32)
-        _library().prism_quantize_rows(x.data_ptr(), m, self.k, x_bound, x16.data_ptr(), 2 * self.kpairs,
-                                       scale.data_ptr(), torch.get_num_threads())
-        return x16, scale
+        return _quantize_rows(_library().prism_quantize_rows, x, self.k, x_bound, 2 * self.kpairs, torch.int16)
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -249,13 +254,7 @@ class PackedWeight8:
         and the row scales (M, 1) float32: quant.py's symmetric rounding, same integers and scales."""
         if x_bound > 127:
             raise ValueError(f"the 8-bit kernel takes integers up to 127, not {x_bound}")
-        x = x.float().contiguous()
-        m = x.shape[0]
-        xu = torch.empty(m, 4 * self.kquads, dtype=torch.uint8)
-        scale = torch.empty(m, 1, dtype=torch.float32)
-        _library().prism_quantize_rows_u8(x.data_ptr(), m, self.k, x_bound, xu.data_ptr(), 4 * self.kquads,
-                                          scale.data_ptr(), torch.get_num_threads())
-        return xu, scale
+        return _quantize_rows(_library().prism_quantize_rows_u8, x, self.k, x_bound, 4 * self.kquads, torch.uint8)
 
     def matmul(self, x_int: torch.Tensor, x_bound: int = 127, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
