@@ -16,6 +16,7 @@ It is loaded with ctypes, which releases the GIL for the call. Where it cannot b
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import subprocess
@@ -68,6 +69,7 @@ def _build() -> Path:
     raise RuntimeError("; ".join(errors))
 
 
+@functools.cache  # /proc/cpuinfo is read once: the 8-bit kernel's callers ask on every call
 def has_avx2() -> bool:
     """Whether this CPU runs the library's instructions (AVX2 and FMA; x86 only)."""
     try:
@@ -77,6 +79,7 @@ def has_avx2() -> bool:
     return {"avx2", "fma"} <= set(line.split(":", 1)[1].split())
 
 
+@functools.cache
 def has_avx512_vnni() -> bool:
     """Whether this CPU runs the 8-bit kernel (AVX-512 F/BW/VL and VNNI)."""
     try:
