@@ -69,24 +69,28 @@ def _build() -> Path:
     raise RuntimeError("; ".join(errors))
 
 
-@functools.cache  # /proc/cpuinfo is read once: the 8-bit kernel's callers ask on every call
+@functools.cache  # read once per process: the 8-bit kernel's callers ask on every call
+def _cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo, or None where it cannot be read (not Linux x86)."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    return frozenset(line.split(":", 1)[1].split())
+
+
 def has_avx2() -> bool:
     """Whether this CPU runs the library's instructions (AVX2 and FMA; x86 only)."""
-    try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
+    flags = _cpu_flags()
+    if flags is None:
         return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    return {"avx2", "fma"} <= set(line.split(":", 1)[1].split())
+    return {"avx2", "fma"} <= flags
 
 
-@functools.cache
 def has_avx512_vnni() -> bool:
     """Whether this CPU runs the 8-bit kernel (AVX-512 F/BW/VL and VNNI)."""
-    try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return False
-    return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= set(line.split(":", 1)[1].split())
+    flags = _cpu_flags()
+    return flags is not None and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
 
 
 def load():
@@ -224,6 +228,12 @@ VNNI_ZERO_POINT = 128  # activations enter vpdpbusd as q + 128 (its unsigned ope
 VNNI_MAX_K = (INT32_MAX // (255 * 127)) // 4 * 4  # the longest K whose lane sums cannot overflow int32
 
 
+def fits8(x_bound: int, w_bound: int, k: int = 0) -> bool:
+    """Whether integers of these bounds, over K = k, can use the 8-bit kernel (8-bit operands, int32
+    lanes that cannot overflow)."""
+    return max(x_bound, w_bound) <= 127 and k <= VNNI_MAX_K
+
+
 def vnni8_available() -> bool:
     """Whether the 8-bit kernel runs here: the library loads and the CPU has AVX-512 VNNI."""
     return has_avx512_vnni() and load() is not None
@@ -236,7 +246,7 @@ class PackedWeight8:
     def __init__(self, w_int: torch.Tensor):
         """w_int: (K, N) integer-valued tensor, |w_int| <= 127, K <= VNNI_MAX_K."""
         k, n = w_int.shape
-        if k > VNNI_MAX_K:
+        if not fits8(127, 127, k):
             raise ValueError(f"K = {k} is beyond the 8-bit kernel's int32 bound ({VNNI_MAX_K})")
         self.k, self.n = k, n
         self.kquads, panels = -(-k // 4), -(-n // VNNI_PANEL)

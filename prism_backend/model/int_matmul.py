@@ -73,6 +73,16 @@ def round_to_grid(x: torch.Tensor, scale: torch.Tensor, bound: int) -> torch.Ten
     return torch.div(x, scale).round_().clamp_(-bound, bound)
 
 
+def quantize_rows(x: torch.Tensor, bound: int, reduce_max=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) float32 -> its symmetric per-row integers |X| <= bound (M, K) as float32 and the
+    row scales (M, 1). reduce_max: an in-place all-reduce of the row maxima (tensor parallelism)."""
+    amax = x.abs().amax(dim=1, keepdim=True)  # (M, 1)
+    if reduce_max is not None:
+        reduce_max(amax)
+    scale = symmetric_scale(amax, bound)
+    return round_to_grid(x, scale, bound), scale
+
+
 def int8_passes(x: torch.Tensor, passes: int) -> list[torch.Tensor]:
     """Integer-valued float tensor, |x| <= int_bound(passes) -> its base-128 digits as int8 tensors,
     most significant first (|first| <= 127, |others| <= 64). All steps are exact in float32."""
@@ -158,7 +168,7 @@ def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
     if route_name == "int16":
         return int16_gemm_cpu.load() is not None and int16_gemm_cpu.fits(x_bound, w_bound)
     if route_name == "vnni8":
-        return max(x_bound, w_bound) <= BOUNDS[1] and int16_gemm_cpu.vnni8_available()
+        return int16_gemm_cpu.fits8(x_bound, w_bound) and int16_gemm_cpu.vnni8_available()
     return True
 
 
@@ -174,8 +184,7 @@ class ExactWeight:
         self.route = chosen or (route(act_passes, weight_passes) if not w_int.is_cuda else "int_mm")
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {self.route!r}")
-        if self.route == "vnni8" and (max(self.x_bound, self.w_bound) > BOUNDS[1] or
-                                      w_int.shape[0] > int16_gemm_cpu.VNNI_MAX_K):
+        if self.route == "vnni8" and not int16_gemm_cpu.fits8(self.x_bound, self.w_bound, w_int.shape[0]):
             self.route = "int16"  # a forced route for more than one pass: the next exact kernel
         if self.route == "int16" and not int16_gemm_cpu.fits(self.x_bound, self.w_bound):
             self.route = "float"  # three activation passes: integers beyond int16
@@ -215,8 +224,8 @@ class ExactWeight:
         if self.fused is not None:
             x_kernel, x_scale = self.fused.quantize(x, self.x_bound)  # (M, K padded) int16 / uint8, (M, 1)
             return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias)
-        x_scale = symmetric_scale(x.abs().amax(dim=1, keepdim=True), self.x_bound)  # (M, 1)
-        return dequantize(self.matmul(round_to_grid(x, x_scale, self.x_bound)), x_scale, w_scale, bias)
+        x_int, x_scale = quantize_rows(x, self.x_bound)  # (M, K), (M, 1)
+        return dequantize(self.matmul(x_int), x_scale, w_scale, bias)
 
     def matmul(self, x_int: torch.Tensor) -> torch.Tensor:
         """x_int: (M, K) integer-valued float32, |x_int| <= int_bound(act_passes) -> (M, N) float64,

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .int_matmul import PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, round_to_grid, symmetric_scale
+from .int_matmul import (PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, quantize_rows, round_to_grid,
+                         symmetric_scale)
 
 from ..config import ComputeSettings
 
@@ -65,11 +66,7 @@ class Int8Linear:
 
     def quantize_activations(self, x: torch.Tensor):
         """x: (M, in) float32 -> integers X (M, in) as float32, scales (M, 1)."""
-        amax = x.abs().amax(dim=1, keepdim=True)  # (M, 1)
-        if self.group is not None:
-            self.group.all_reduce_max(amax)
-        scale = symmetric_scale(amax, self.act_bound)
-        return round_to_grid(x, scale, self.act_bound), scale
+        return quantize_rows(x, self.act_bound, None if self.group is None else self.group.all_reduce_max)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised
