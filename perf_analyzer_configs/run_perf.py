@@ -49,13 +49,20 @@ def perf_env() -> dict[str, str]:
     return env
 
 
-def run_perf(url: str, data: Path, concurrency: int) -> dict[str, float]:
+def run_perf(url: str, data: Path, concurrency: int, request_count: int | None = None) -> dict[str, float]:
+    """One perf_analyzer run. By default it measures in windows until two agree within 50%
+    (up to 4 windows: a benchmark's number); with `request_count` it sends exactly that many
+    requests and reports them, with no stability criterion -- what a check that the path works
+    needs, since on a shared 2-core machine windows of a few requests can disagree by more."""
     binary = Path(sys.executable).parent / "perf_analyzer"
     csv_path = HERE / f".perf-{data.stem}-{concurrency}.csv"
     cmd = [str(binary), "-m", "prism", "-u", url, "-i", "http", "--input-data", str(data),
-           "--concurrency-range", str(concurrency), "--measurement-mode", "count_windows",
-           "--measurement-request-count", str(max(8, 3 * concurrency)), "--stability-percentage", "50",
-           "--max-trials", "4", "-f", str(csv_path)]
+           "--concurrency-range", str(concurrency), "-f", str(csv_path)]
+    if request_count is None:
+        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count", str(max(8, 3 * concurrency)),
+                "--stability-percentage", "50", "--max-trials", "4"]
+    else:
+        cmd += ["--request-count", str(request_count)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=perf_env(), timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"perf_analyzer failed:\n{done.stdout}\n{done.stderr}")
