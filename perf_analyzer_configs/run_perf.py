@@ -99,8 +99,14 @@ def main() -> None:
         for name, path in paths.items():
             tasks_per_request = len(WORKLOADS[name]()[0]["tasks"])
             for c in args.concurrency:
-                r = run_perf(args.url, path, c)
-                lines.append(f"| {name} | {c} | {r['throughput']:.2f} | {r['throughput'] * tasks_per_request:.2f} | "
+                try:
+                    r, note = run_perf(args.url, path, c), ""
+                except RuntimeError as error:  # windows never agreed within 50% (a noisy shared machine)
+                    if "stable measurement" not in str(error):
+                        raise
+                    count = 4 * max(8, 3 * c)
+                    r, note = run_perf(args.url, path, c, request_count=count), f" (unstable; {count} requests)"
+                lines.append(f"| {name} | {c}{note} | {r['throughput']:.2f} | {r['throughput'] * tasks_per_request:.2f} | "
                              f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} |")
                 print(lines[-1], flush=True)
     finally:
