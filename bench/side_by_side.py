@@ -152,24 +152,30 @@ def matmul_peaks() -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------- throughput
-def throughput(send, concurrency: int, requests: int) -> float:
-    """Requests/s with `concurrency` callers sending `requests` distinct tickets in all."""
-    counter = iter(range(requests))
+def throughput_tickets(base: int, concurrency: int) -> list[list[dict]]:
+    """2 * concurrency + 2 new tickets (workload (a) each), none shared with another concurrency's
+    or engine's: a ticket sent twice would be a prefix-cache hit for a server that keeps one."""
+    return [workload_a(base + 1000 * concurrency + k) for k in range(2 * concurrency + 2)]
+
+
+def throughput(send, concurrency: int, requests: list) -> float:
+    """Requests/s with `concurrency` callers sending `requests` (prepared before the clock starts)."""
+    pending = iter(requests)
     lock = threading.Lock()
 
     def caller():
         while True:
             with lock:
-                n = next(counter, None)
-            if n is None:
+                request = next(pending, None)
+            if request is None:
                 return
-            send(n)
+            send(request)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         for f in [pool.submit(caller) for _ in range(concurrency)]:
             f.result()
-    return requests / (time.perf_counter() - t0)
+    return len(requests) / (time.perf_counter() - t0)
 
 
 class VllmServer:
@@ -301,14 +307,15 @@ def main() -> None:
                     times[w][label] = timed(send_batch, bs)
             if precision == "int8":
                 memory[label + " (server: tritonserver + stubs)"] = process_tree_rss(server.process.pid)
-                throughput_rows[label] = [throughput(lambda n: send_batch(workload_a(10**5 + n)), c, 2 * c + 2)
+                throughput_rows[label] = [throughput(send_batch, c, throughput_tickets(10**5, c))
                                           for c in concurrency]
     if vllm:
         print("vLLM server", flush=True)
         server = VllmServer(args.model_dir)
         try:
+            server.send(ids(workload_a(2 * 10**5 - 1)))  # warm-up (Prism's server is warm from (a)-(c))
             throughput_rows["vLLM server bf16 prefix on"] = [
-                throughput(lambda n: server.send(ids(workload_a(2 * 10**5 + n))), c, 2 * c + 2) for c in concurrency]
+                throughput(server.send, c, [ids(t) for t in throughput_tickets(2 * 10**5, c)]) for c in concurrency]
             memory["vLLM server bf16 prefix on (server processes)"] = process_tree_rss(server.proc.pid)
         finally:
             server.stop()
