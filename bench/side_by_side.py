@@ -5,7 +5,7 @@
 Engines
   prism engine int8 / fp32     the engine in-process (prefix cache off: every ticket is new); int8 is
                                the default (2+2 passes) and the 1+1 rung (W8A8)
-  prism triton int8 / fp32     the same through a real tritonserver over HTTP (PrismClient)
+  prism triton int8 / 1+1 / fp32  the same through a real tritonserver over HTTP (PrismClient)
   HF generic fp32 / bf16       transformers, one forward per question, full-vocabulary softmax
   vLLM bf16 prefix on / off    vLLM's CPU build (.venv-vllm), candidate logprobs via logprob_token_ids
   llama.cpp Q8_0               llama-cpp-python built for this CPU (.venv-llama), the checkpoint
@@ -283,12 +283,18 @@ def main() -> None:
         memory[label + " (process)"] = out["rss_bytes"] / 2**30
 
     throughput_rows = {}
-    for precision in ("int8",) if args.quick else ("int8", "fp32"):
-        label = f"prism triton {precision}"
+    servers = {  # label: (precision, extra config.pbtxt parameters, whether it also serves (c) and (d))
+        "prism triton int8": ("int8", {}, True),
+        "prism triton int8 1+1 (W8A8)": ("int8", {"act_passes": "1", "weight_passes": "1"}, True),
+        "prism triton fp32": ("fp32", {}, False),
+    }
+    for label, (precision, parameters, full) in servers.items():
+        if args.quick and label != "prism triton int8":
+            continue
         print(label, flush=True)
         options = ServerOptions(precision=precision, http_port=free_port(), grpc_port=free_port(),
                                 metrics_port=free_port(), model_dir=args.model_dir,
-                                extra_parameters={"prefix_cache_bytes": "0", "num_threads": str(THREADS)})
+                                extra_parameters={"prefix_cache_bytes": "0", "num_threads": str(THREADS), **parameters})
         with TritonServer(options) as server:
             url = f"localhost:{options.http_port}"
             local = threading.local()
@@ -303,11 +309,11 @@ def main() -> None:
                     list(pool.map(lambda r: client().decide(r["material"], r["tasks"]), batch))
 
             for w, bs in workloads.items():
-                if precision == "int8" or not w.startswith("c"):
+                if full or not w.startswith("c"):
                     times[w][label] = timed(send_batch, bs)
-            if precision == "int8":
+            if full:
                 memory[label + " (server: tritonserver + stubs)"] = process_tree_rss(server.process.pid)
-                throughput_rows[label] = [throughput(send_batch, c, throughput_tickets(10**5, c))
+                throughput_rows[label] = [throughput(send_batch, c, throughput_tickets(10**5 + 10**4 * len(throughput_rows), c))
                                           for c in concurrency]
     if vllm:
         print("vLLM server", flush=True)
