@@ -59,6 +59,21 @@ def test_swiglu(rows, width):
     assert len(bits_per_thread_count(lambda: swiglu(gate_up))) == 1
 
 
+def test_swiglu_and_rms_norm_are_the_reference_expressions_bit_for_bit():
+    """The in-place forms compute the textbook expressions' IEEE steps: the same bits as
+    gate / (1 + exp(-gate)) * up and as Hugging Face's LlamaRMSNorm."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    gate_up = torch.randn(97, 2 * 1531) * 6
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.equal(swiglu(gate_up).view(torch.int32), (gate / (1.0 + torch.exp(-gate)) * up).view(torch.int32))
+    x = torch.randn(61, 576) * 3
+    norm = LlamaRMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576))
+        assert torch.equal(rms_norm(x, norm.weight, 1e-5).view(torch.int32), norm(x).view(torch.int32))
+
+
 def test_rotary():
     table = RotaryTable(1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)), 1.0, 4096)
     positions = torch.arange(3, 3 + 1003)
