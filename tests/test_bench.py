@@ -1,0 +1,37 @@
+"""The side-by-side benchmark's request plumbing: what it times must be what it says it times."""
+import sys
+import threading
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from side_by_side import throughput, throughput_tickets  # noqa: E402
+
+LEVELS = (1, 4, 8)
+
+
+def test_throughput_tickets_are_new_at_every_level_and_for_every_server():
+    """A ticket sent twice is a prefix-cache hit for a server that keeps one (vLLM's 4- and
+    8-caller rates were once inflated that way): no material may repeat anywhere in a run."""
+    materials = [r["material"] for base in (10**5, 10**5 + 10**4, 2 * 10**5) for c in LEVELS
+                 for ticket in throughput_tickets(base, c) for r in ticket]
+    assert len(materials) == len(set(materials)) == 3 * sum(2 * c + 2 for c in LEVELS)
+
+
+def test_throughput_sends_every_request_once_with_the_given_concurrency():
+    sent, active, peak = [], [0], [0]
+    lock = threading.Lock()
+    release = threading.Barrier(4)
+
+    def send(request):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        if request < 4:
+            release.wait(timeout=10)  # the first four overlap: all four callers are busy at once
+        with lock:
+            active[0] -= 1
+            sent.append(request)
+
+    assert throughput(send, 4, list(range(10))) > 0
+    assert sorted(sent) == list(range(10)) and peak[0] == 4
