@@ -152,6 +152,14 @@ def matmul_peaks() -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------- throughput
+VLLM_TICKETS = 2 * 10**5  # first ticket number of vLLM's throughput tickets
+
+
+def prism_tickets(server_index: int) -> int:
+    """First ticket number of the throughput tickets of Prism's server_index-th server."""
+    return 10**5 + 10**4 * server_index
+
+
 def throughput_tickets(base: int, concurrency: int) -> list[list[dict]]:
     """2 * concurrency + 2 new tickets (workload (a) each), none shared with another concurrency's
     or engine's: a ticket sent twice would be a prefix-cache hit for a server that keeps one."""
@@ -288,7 +296,7 @@ def main() -> None:
         "prism triton int8 1+1 (W8A8)": ("int8", {"act_passes": "1", "weight_passes": "1"}, True),
         "prism triton fp32": ("fp32", {}, False),
     }
-    for label, (precision, parameters, full) in servers.items():
+    for index, (label, (precision, parameters, full)) in enumerate(servers.items()):
         if args.quick and label != "prism triton int8":
             continue
         print(label, flush=True)
@@ -313,15 +321,15 @@ def main() -> None:
                     times[w][label] = timed(send_batch, bs)
             if full:
                 memory[label + " (server: tritonserver + stubs)"] = process_tree_rss(server.process.pid)
-                throughput_rows[label] = [throughput(send_batch, c, throughput_tickets(10**5 + 10**4 * len(throughput_rows), c))
+                throughput_rows[label] = [throughput(send_batch, c, throughput_tickets(prism_tickets(index), c))
                                           for c in concurrency]
     if vllm:
         print("vLLM server", flush=True)
         server = VllmServer(args.model_dir)
         try:
-            server.send(ids(workload_a(2 * 10**5 - 1)))  # warm-up (Prism's server is warm from (a)-(c))
+            server.send(ids(workload_a(VLLM_TICKETS - 1)))  # warm-up (Prism's server is warm from (a)-(c))
             throughput_rows["vLLM server bf16 prefix on"] = [
-                throughput(server.send, c, [ids(t) for t in throughput_tickets(2 * 10**5, c)]) for c in concurrency]
+                throughput(server.send, c, [ids(t) for t in throughput_tickets(VLLM_TICKETS, c)]) for c in concurrency]
             memory["vLLM server bf16 prefix on (server processes)"] = process_tree_rss(server.proc.pid)
         finally:
             server.stop()

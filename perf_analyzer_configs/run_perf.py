@@ -49,6 +49,11 @@ def perf_env() -> dict[str, str]:
     return env
 
 
+def window_requests(concurrency: int) -> int:
+    """Requests per measurement window at this concurrency."""
+    return max(8, 3 * concurrency)
+
+
 def run_perf(url: str, data: Path, concurrency: int, request_count: int | None = None) -> dict[str, float]:
     """One perf_analyzer run. By default it measures in windows until two agree within 50%
     (up to 4 windows: a benchmark's number); with `request_count` it sends exactly that many
@@ -59,7 +64,7 @@ def run_perf(url: str, data: Path, concurrency: int, request_count: int | None =
     cmd = [str(binary), "-m", "prism", "-u", url, "-i", "http", "--input-data", str(data),
            "--concurrency-range", str(concurrency), "-f", str(csv_path)]
     if request_count is None:
-        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count", str(max(8, 3 * concurrency)),
+        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count", str(window_requests(concurrency)),
                 "--stability-percentage", "50", "--max-trials", "4"]
     else:
         cmd += ["--request-count", str(request_count)]
@@ -104,7 +109,7 @@ def main() -> None:
                 except RuntimeError as error:  # windows never agreed within 50% (a noisy shared machine)
                     if "stable measurement" not in str(error):
                         raise
-                    count = 4 * max(8, 3 * c)
+                    count = 4 * window_requests(c)  # as many as the 4 windows would have sent
                     r, note = run_perf(args.url, path, c, request_count=count), f" (unstable; {count} requests)"
                 lines.append(f"| {name} | {c}{note} | {r['throughput']:.2f} | {r['throughput'] * tasks_per_request:.2f} | "
                              f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} |")

@@ -5,7 +5,7 @@ import threading
 from conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
-from side_by_side import throughput, throughput_tickets  # noqa: E402
+from side_by_side import VLLM_TICKETS, prism_tickets, throughput, throughput_tickets  # noqa: E402
 
 LEVELS = (1, 4, 8)
 
@@ -13,9 +13,9 @@ LEVELS = (1, 4, 8)
 def test_throughput_tickets_are_new_at_every_level_and_for_every_server():
     """A ticket sent twice is a prefix-cache hit for a server that keeps one (vLLM's 4- and
     8-caller rates were once inflated that way): no material may repeat anywhere in a run."""
-    materials = [r["material"] for base in (10**5, 10**5 + 10**4, 2 * 10**5) for c in LEVELS
-                 for ticket in throughput_tickets(base, c) for r in ticket]
-    assert len(materials) == len(set(materials)) == 3 * sum(2 * c + 2 for c in LEVELS)
+    bases = [prism_tickets(i) for i in range(3)] + [VLLM_TICKETS]  # the bench's three servers, and vLLM's
+    materials = [r["material"] for base in bases for c in LEVELS for ticket in throughput_tickets(base, c) for r in ticket]
+    assert len(materials) == len(set(materials)) == len(bases) * sum(2 * c + 2 for c in LEVELS)
 
 
 def test_throughput_sends_every_request_once_with_the_given_concurrency():
