@@ -42,7 +42,7 @@ def cmd_setup(args) -> int:
 def cmd_serve(args) -> int:
     """Replicas (one by default) behind the nginx front on the public ports; the front is the only
     way in (tritonserver binds loopback). A replica whose server exits or whose stub dies is
-    restarted (PrismCluster.heal)."""
+    restarted while the others keep serving (PrismCluster.heal)."""
     from .cluster import PrismCluster
     from .router import RouterOptions
 
@@ -72,8 +72,8 @@ def cmd_serve(args) -> int:
             if not cluster.router.running():
                 print(f"prism: the front exited: {cluster.router.error_tail()}", file=sys.stderr)
                 return 1
-            for i, reason in cluster.heal(args.ready_timeout):
-                print(f"prism: replica {i} failed ({reason}); restarted", file=sys.stderr, flush=True)
+            for i, event in cluster.heal(args.ready_timeout):
+                print(f"prism: replica {i} {event}", file=sys.stderr, flush=True)
             time.sleep(WATCH_INTERVAL_S)
     finally:
         cluster.stop()

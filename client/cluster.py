@@ -55,22 +55,33 @@ class PrismCluster:
         return self
 
     def heal(self, ready_timeout: float = READY_TIMEOUT_S) -> list[tuple[int, str]]:
-        """Restart the replicas that can no longer answer (TritonServer.failure: the server exited
-        or a stub died), on the same ports. While one is down its connections are refused: the
-        front fails over to another replica, or answers 503 when none is left, and takes it back
-        once its fail_timeout has passed. Returns (index, what had failed) per restart."""
-        healed = []
+        """One look at every replica, no waiting: relaunch those that can no longer answer
+        (TritonServer.failure: the server exited or a stub died) on the same ports, and report
+        those relaunched earlier that are ready again. While one is down its connections are
+        refused: the front fails over to another replica, or answers 503 when none is left, and
+        takes it back once its fail_timeout has passed. Not waiting keeps the caller's watch
+        loop (and Ctrl-C) responsive while a replica loads. Returns (index, event) pairs:
+        "failed (<why>); restarting" and "ready again". A relaunch that exits while loading or
+        is not ready within `ready_timeout` raises (TritonServer.started), as a first start does."""
+        events = []
         for i, server in enumerate(self.servers):
+            if not server.ready:
+                if server.started(ready_timeout):
+                    events.append((i, "ready again"))
+                continue
             reason = server.failure()
             if reason:
                 server.kill()
-                server.start(ready_timeout)
-                healed.append((i, reason))
-        return healed
+                server.launch()
+                events.append((i, f"failed ({reason}); restarting"))
+        return events
 
     def stop(self) -> None:
-        """Router first (no new requests reach the replicas), then every replica, gracefully."""
+        """Router first (no new requests reach the replicas), then every replica, gracefully and
+        side by side (each unloads its models and ends its stubs)."""
         self.router.stop()
+        for server in self.servers:
+            server.interrupt()
         for server in self.servers:
             server.stop()
 

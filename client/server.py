@@ -29,6 +29,7 @@ from prism_backend.reproducibility import MKL_CBWR_ENV
 from .security import triton_restriction_flags, validate_admin_token
 
 RUN_DIR = REPO_ROOT / ".run"
+STUB_DEATH_GRACE_S = 1.0  # a dead stub whose server exits within this was killed with it
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
 LOOPBACK = "127.0.0.1"
@@ -241,6 +242,8 @@ class TritonServer:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="server-", dir=RUN_DIR))
         self.log_path = log_path or self.workdir / "tritonserver.log"
         self.process: subprocess.Popen | None = None
+        self.launched_at = 0.0  # time.monotonic() of the last launch()
+        self.ready = False  # the last launch answered /v2/health/ready (started())
         self.stubs: list[int] = []  # its Python-backend stubs once ready, watched by failure()
 
     def _backend_dir(self, paths: dict[str, Path]) -> Path:
@@ -277,7 +280,8 @@ class TritonServer:
         return self.launch().wait_ready(ready_timeout)
 
     def launch(self) -> "TritonServer":
-        """Start the process without waiting (a cluster launches its replicas side by side)."""
+        """Start the process without waiting (a cluster launches its replicas side by side, and
+        relaunches a failed one while it keeps watching the others: see started())."""
         cmd = self.command()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
@@ -285,29 +289,55 @@ class TritonServer:
             start_new_session=True,  # its own process group: we stop it (and its stubs) explicitly
             preexec_fn=stop_with_parent,
         )
+        self.launched_at = time.monotonic()
+        self.ready = False
+        self.stubs = []
         return self
 
     def wait_ready(self, ready_timeout: float = READY_TIMEOUT_S) -> "TritonServer":
-        if wait_until_serving(self.process, self.options.http_port, "/v2/health/ready", ready_timeout, 0.5,
-                              lambda code: f"tritonserver exited with code {code}; last log lines:\n{self.log_tail()}"):
+        while not self.started(ready_timeout):
+            time.sleep(0.5)
+        return self
+
+    def started(self, ready_timeout: float = READY_TIMEOUT_S) -> bool:
+        """Whether the launched server is ready (one look, no waiting). Once it is, its stubs are
+        recorded for failure() to watch. RuntimeError if it exited while loading, TimeoutError
+        (after stopping it) if it is not ready `ready_timeout` seconds after its launch."""
+        if self.ready:
+            return True
+        if self.process.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {self.process.returncode}; "
+                               f"last log lines:\n{self.log_tail()}")
+        if http_ready(self.options.http_port, "/v2/health/ready"):
             self.stubs = python_stubs(self.process.pid)
-            return self
-        self.stop()
-        raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; log:\n{self.log_tail()}")
+            self.ready = True
+            return True
+        if time.monotonic() - self.launched_at > ready_timeout:
+            self.stop()
+            raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; log:\n{self.log_tail()}")
+        return False
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def failure(self) -> str | None:
-        """Why this server can no longer answer, or None: it exited, or one of its Python-backend
-        stubs died (the OOM killer, a crash in native code). Triton 2.51 neither restarts a dead
-        stub nor turns readiness false: every request would get HTTP 500 until a restart."""
+        """Why this ready server can no longer answer, or None: it exited, or one of its
+        Python-backend stubs died (the OOM killer, a crash in native code). Triton 2.51 neither
+        restarts a dead stub nor turns readiness false: every request would get HTTP 500 until a
+        restart. A server still loading is started()'s to judge."""
         if self.process is None:
             return None
         if self.process.poll() is not None:
             return f"tritonserver exited with code {self.process.returncode}"
+        if not self.ready:
+            return None
         dead = [pid for pid in self.stubs if _parent_of(pid) != self.process.pid]
-        return f"Python-backend stub(s) {dead} died" if dead else None
+        if not dead:
+            return None
+        try:  # killed together with its stubs (a signal to the group): name the server, the cause
+            return f"tritonserver exited with code {self.process.wait(STUB_DEATH_GRACE_S)}"
+        except subprocess.TimeoutExpired:
+            return f"Python-backend stub(s) {dead} died"
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -315,16 +345,22 @@ class TritonServer:
         except OSError:
             return "(no log)"
 
+    def interrupt(self) -> None:
+        """SIGINT, without waiting: Triton unloads its models and ends their stubs (stop() waits).
+        A cluster interrupts all its replicas first, so they stop side by side."""
+        if self.running():
+            self.process.send_signal(signal.SIGINT)
+
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT (graceful: Triton unloads models and ends their stubs), then SIGKILL the group."""
+        """SIGINT (graceful), then SIGKILL the group (stubs left behind by a crash)."""
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGINT)
+        self.interrupt()
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
-        return self.kill()  # stubs left behind by a crash
+        return self.kill()
 
     def kill(self) -> int | None:
         """SIGKILL the server and its stubs (its process group) at once: a server with a dead stub
