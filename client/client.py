@@ -195,7 +195,15 @@ class PrismClient(_ClientBase):
             return False
 
     def close(self) -> None:
+        """Closes its connections: a tritonserver being stopped waits (up to its exit timeout) for
+        open keep-alive connections, so a client of one replica should close before the stop."""
         self._client.close()
+
+    def __enter__(self) -> "PrismClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class AsyncPrismClient(_ClientBase):

@@ -198,6 +198,13 @@ def stop_cleanly(cluster: Cluster) -> float:
     return took
 
 
+def exit_timeouts(cluster: Cluster) -> list[str]:
+    """Log lines of replicas that waited out tritonserver's --exit-timeout-secs on stop (a dead
+    stub does that to Triton 2.51) instead of stopping when their models had unloaded."""
+    return [line for log in sorted(cluster.workdir.glob("replica-*/tritonserver.log"))
+            for line in log.read_text(errors="replace").splitlines() if "Exit timeout expired" in line]
+
+
 def iter_until_ready(stream):
     for line in stream:
         yield line.rstrip("\n")
@@ -248,9 +255,9 @@ def test_every_replica_returns_identical_bits(cluster):
     requests = [(THREADS[0], ["team", "severity"]), (TICKETS[100], ["reply_time"]), ("Printer on fire.", ["team"])]
     answers = []
     for address in [r["http"] for r in cluster.replicas] + [cluster.url]:
-        client = PrismClient(address)
-        answers.append([np.concatenate([d.probability_array() for d in client.decide(m, t)]).tobytes()
-                        for m, t in requests])
+        with PrismClient(address) as client:  # closed: a replica's stop waits for open connections
+            answers.append([np.concatenate([d.probability_array() for d in client.decide(m, t)]).tobytes()
+                            for m, t in requests])
     grpc = PrismClient(f"127.0.0.1:{cluster.grpc_port}", "grpc")
     answers.append([np.concatenate([d.probability_array() for d in grpc.decide(m, t, urgent=True)]).tobytes()
                     for m, t in requests])
@@ -348,9 +355,9 @@ def test_dead_stub_of_one_replica_fails_over_then_heals(cluster):
     assert all(d.probabilities == expected.probabilities for d in again)
     survivor = cluster.replicas[1 - victim]["http"]
     assert all(e["upstream"].split(", ")[-1] == survivor for e in routed_entries(cluster, start, 3))
-    healed = PrismClient(cluster.replicas[victim]["http"])
-    assert wait_for(lambda: f"replica {victim} failed" in cluster.stderr_path.read_text() and healed.is_ready(), 900)
-    assert healed.decide(THREADS[2], ["team"])[0].probabilities == expected.probabilities
+    with PrismClient(cluster.replicas[victim]["http"]) as healed:
+        assert wait_for(lambda: f"replica {victim} failed" in cluster.stderr_path.read_text() and healed.is_ready(), 900)
+        assert healed.decide(THREADS[2], ["team"])[0].probabilities == expected.probabilities
 
 
 def test_killed_replica_is_taken_out_then_restarted(cluster):
@@ -373,9 +380,9 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
     assert {e["upstream"].split(", ")[-1] for e in entries} == {survivor}
     # the first request for the dead replica's keys was retried on the other one, the rest went there directly
     assert entries[0]["upstream"] == f"{cluster.replicas[victim]['http']}, {survivor}"
-    reference = PrismClient(survivor)
-    for material, got in zip(THREADS[:6], routed):
-        assert got.probabilities == reference.decide(material, ["team"])[0].probabilities
+    with PrismClient(survivor) as reference:
+        for material, got in zip(THREADS[:6], routed):
+            assert got.probabilities == reference.decide(material, ["team"])[0].probabilities
     # `prism serve --replicas` notices (naming the server, though its stubs died with it) and
     # starts the replica again on its ports
     def log_since_kill() -> str:
@@ -384,11 +391,13 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
     assert wait_for(lambda: f"replica {victim} failed (tritonserver exited with code -9); restarting"
                     in log_since_kill(), 10)
     assert wait_for(lambda: f"replica {victim} ready again" in log_since_kill(), 900)
-    again = PrismClient(cluster.replicas[victim]["http"])
-    assert again.is_ready()
-    assert again.decide(THREADS[0], ["team"])[0].probabilities == client.decide(THREADS[0], ["team"])[0].probabilities
+    with PrismClient(cluster.replicas[victim]["http"]) as again:
+        assert again.is_ready()
+        assert again.decide(THREADS[0], ["team"])[0].probabilities == client.decide(THREADS[0], ["team"])[0].probabilities
 
 
 def test_stop_ends_router_and_every_replica(cluster):
     assert cluster.group_processes()  # nginx, two tritonservers, their stubs
-    assert stop_cleanly(cluster) < 20  # no server waits out its exit timeout
+    took = stop_cleanly(cluster)
+    assert not exit_timeouts(cluster)
+    print(f"clean stop: {took:.1f} s")

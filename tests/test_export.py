@@ -101,8 +101,8 @@ def bare_server(exported, tmp_path_factory):
 
 
 def probability_bytes(url: str, protocol: str) -> list[list[bytes]]:
-    client = PrismClient(url, protocol)
-    return [[d.probability_array().tobytes() for d in client.decide(m, TASKS)] for m in MATERIALS]
+    with PrismClient(url, protocol) as client:  # closed: a server's stop waits for open connections
+        return [[d.probability_array().tobytes() for d in client.decide(m, TASKS)] for m in MATERIALS]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -114,8 +114,8 @@ def test_exported_repository_answers_like_prism_serve(server, bare_server, proto
 
 
 def test_exported_repository_rejects_bad_input_with_400(bare_server):
-    with pytest.raises(PrismError) as info:
-        PrismClient(f"localhost:{bare_server.http_port}", "http").decide(SAMPLE_TICKET, ["team", "no_such_task"])
+    with pytest.raises(PrismError) as info, PrismClient(f"localhost:{bare_server.http_port}", "http") as client:
+        client.decide(SAMPLE_TICKET, ["team", "no_such_task"])
     assert info.value.status == "400" and "no_such_task" in info.value.message
 
 

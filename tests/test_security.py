@@ -30,7 +30,7 @@ from prism_client.client import ROUTE_HEADER, PrismClient, PrismError, PrismOver
 from prism_client.router import DEFAULT_MAX_REQUEST_BYTES, NginxRouter, Replica, RouterOptions, read_access_log
 from prism_client.security import ADMIN_HEADER, TRITON_GRPC_ADMIN_HEADER
 from prism_client.server import python_stubs
-from test_cluster import TICKETS, Cluster, stop_cleanly
+from test_cluster import TICKETS, Cluster, exit_timeouts, stop_cleanly
 
 TOKEN = "test-admin-token-0123456789"
 QUEUE_TIMEOUT_S = 20  # the front fixture's, shorter than the default: the overload test waits it out
@@ -419,5 +419,5 @@ def test_ctrl_c_stops_front_and_replica_without_exit_timeout(front):
     assert len(front.group_processes()) >= 5  # nginx master, tritonserver, 3 stubs
     took = stop_cleanly(front)
     print(f"clean stop: {took:.1f} s")
-    assert took < 20  # tritonserver's --exit-timeout-secs
+    assert not exit_timeouts(front)
     assert not PrismClient(front.url).is_ready()
