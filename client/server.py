@@ -352,9 +352,10 @@ class TritonServer:
             self.process.send_signal(signal.SIGINT)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT (graceful), then SIGKILL the group (stubs left behind by a crash)."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
+        """SIGINT (graceful), then SIGKILL the group: the stubs a crash leaves behind, or those of a
+        server interrupted while loading, even when the server itself has exited already."""
+        if self.process is None:
+            return None
         self.interrupt()
         try:
             self.process.wait(timeout)

@@ -397,7 +397,16 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
 
 
 def test_stop_ends_router_and_every_replica(cluster):
+    """Ctrl-C while a replica is being restarted (its new server still loading): the watch does not
+    wait for the load, so everything stops at once, and no server waits out its exit timeout."""
     assert cluster.group_processes()  # nginx, two tritonservers, their stubs
+    log_start = len(cluster.stderr_path.read_text())
+    for group in {os.getpgid(pid) for pid in cluster.server_pids(1)}:
+        os.killpg(group, signal.SIGKILL)
+    assert wait_for(lambda: "replica 1 failed (tritonserver exited with code -9); restarting"
+                    in cluster.stderr_path.read_text()[log_start:], 10)
+    assert cluster.server_pids(1)  # the new server, loading
     took = stop_cleanly(cluster)
+    assert "replica 1 ready again" not in cluster.stderr_path.read_text()[log_start:]
     assert not exit_timeouts(cluster)
-    print(f"clean stop: {took:.1f} s")
+    print(f"clean stop during a restart: {took:.1f} s")
