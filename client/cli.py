@@ -72,7 +72,12 @@ def cmd_serve(args) -> int:
             if not cluster.router.running():
                 print(f"prism: the front exited: {cluster.router.error_tail()}", file=sys.stderr)
                 return 1
-            for i, event in cluster.heal(args.ready_timeout):
+            try:
+                events = cluster.heal(args.ready_timeout)
+            except (RuntimeError, TimeoutError) as exc:  # a relaunch that cannot load: stop, say why
+                print(f"prism: a replica could not be restarted: {exc}", file=sys.stderr)
+                return 1
+            for i, event in events:
                 print(f"prism: replica {i} {event}", file=sys.stderr, flush=True)
             time.sleep(WATCH_INTERVAL_S)
     finally:

@@ -24,6 +24,7 @@ import pytest
 from conftest import REPO_ROOT, free_port, processes_with, wait_for
 from test_server import metric, scrape_url
 from prism_client.client import ROUTE_HEADER, PrismClient, route_key
+from prism_client.cluster import PrismCluster
 from prism_client.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
 from prism_client.server import python_stubs, stop_with_parent
 from prism_backend.config import ConfigError
@@ -32,6 +33,46 @@ ADMIN_TOKEN = "test-admin-token-0123456789"
 TICKETS = [json.loads(line)["material"] for line in open(REPO_ROOT / "evals" / "data" / "tickets.jsonl")]
 # ~250-token support threads: long enough to fill whole 128-token prefix-cache blocks
 THREADS = ["\n\n".join(TICKETS[4 * i : 4 * i + 4]) for i in range(12)]
+
+
+class FakeServer:
+    """What PrismCluster.heal asks of a TritonServer, scripted (no process)."""
+
+    def __init__(self, failures=(), loads=0):
+        self.failures, self.loads, self.ready, self.calls = list(failures), loads, True, []
+
+    def failure(self):
+        return self.failures.pop(0) if self.failures else None
+
+    def kill(self):
+        self.calls.append("kill")
+
+    def launch(self):
+        self.calls.append("launch")
+        self.ready = False
+        return self
+
+    def started(self, ready_timeout):
+        if self.loads == "exits":
+            raise RuntimeError("tritonserver exited with code 1")
+        self.loads -= 1
+        self.ready = self.loads < 0
+        return self.ready
+
+
+def test_heal_relaunches_without_waiting_and_reports_readiness_later():
+    """heal() never waits for a load: each call is one look at every replica."""
+    cluster = PrismCluster.__new__(PrismCluster)
+    cluster.servers = [FakeServer(), FakeServer(failures=["tritonserver exited with code -9"], loads=2)]
+    assert cluster.heal() == [(1, "failed (tritonserver exited with code -9); restarting")]
+    assert cluster.servers[1].calls == ["kill", "launch"] and cluster.servers[0].calls == []
+    assert cluster.heal() == [] and cluster.heal() == []  # still loading: nothing to report, nothing relaunched
+    assert cluster.heal() == [(1, "ready again")]
+    assert cluster.heal() == [] and cluster.servers[1].calls == ["kill", "launch"]
+    cluster.servers[0] = FakeServer(failures=["Python-backend stub(s) [7] died"], loads="exits")
+    assert cluster.heal() == [(0, "failed (Python-backend stub(s) [7] died); restarting")]
+    with pytest.raises(RuntimeError, match="exited"):  # a relaunch that cannot load is an error, as a first start
+        cluster.heal()
 
 
 def test_route_key_depends_on_system_and_material_only():
