@@ -200,6 +200,20 @@ inline void store8(uint8_t* out, __m256i i32) {  // q + 128 is in [1, 255]: neit
   const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(i16, i16));
 }
+// The work split of both kernels, called inside their parallel region: rows in blocks of row_block
+// (sized to stay in L2 while every panel of W passes over them), and each block's panels shared out
+// among the threads (static, no barrier: a thread goes on to its panels of the next block at once).
+// compute(p, r0, r1) computes panel p for rows r0..r1-1. Which thread computes a panel never changes
+// its integers.
+template <class Compute>
+inline void by_row_block(int m, int row_block, int panels, Compute compute) {
+  for (int r0 = 0; r0 < m; r0 += row_block) {
+    const int r1 = r0 + row_block < m ? r0 + row_block : m;
+#pragma omp for schedule(static) nowait
+    for (int p = 0; p < panels; ++p) compute(p, r0, r1);
+  }
+}
+
 template <typename T>
 constexpr int zero_point() { return sizeof(T) == 1 ? 128 : 0; }
 
@@ -274,17 +288,13 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
       const int rows = m - t * MR < MR ? m - t * MR : MR;
       run_count[t] = plan_runs(bounds.data(), blocks, block, kpairs, t * MR, rows, &run_ends[(size_t)t * blocks]);
     }  // the implicit barrier again: every tile's runs are planned before any tile is computed
-    for (int r0 = 0; r0 < m; r0 += row_block) {
-      const int r1 = r0 + row_block < m ? r0 + row_block : m;
-#pragma omp for schedule(static) nowait
-      for (int p = 0; p < panels; ++p) {
-        const int16_t* panel = packed + (long)p * kpairs * 2 * NR;
-        const int col = p * NR, ncols = n - col < NR ? n - col : NR;
-        int r = r0;
-        for (; r + MR <= r1; r += MR) tile<MR>(a, panel, r, col, ncols, e);
-        if (r < r1) rows<MR - 1>(a, panel, r, col, ncols, r1 - r, e);
-      }
-    }
+    by_row_block(m, row_block, panels, [&](int p, int r0, int r1) {
+      const int16_t* panel = packed + (long)p * kpairs * 2 * NR;
+      const int col = p * NR, ncols = n - col < NR ? n - col : NR;
+      int r = r0;
+      for (; r + MR <= r1; r += MR) tile<MR>(a, panel, r, col, ncols, e);
+      if (r < r1) rows<MR - 1>(a, panel, r, col, ncols, r1 - r, e);
+    });
   }
 }
 
@@ -298,17 +308,13 @@ PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8
   const long ldx = 4L * kquads;
   const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;
 #pragma omp parallel num_threads(threads)
-  for (int r0 = 0; r0 < m; r0 += row_block) {
-    const int r1 = r0 + row_block < m ? r0 + row_block : m;
-#pragma omp for schedule(static) nowait
-    for (int p = 0; p < panels; ++p) {
-      const int8_t* panel = packed + (long)p * kquads * 4 * NR8;
-      const int col = p * NR8, ncols = n - col < NR8 ? n - col : NR8;
-      int r = r0;
-      for (; r + MR8 <= r1; r += MR8) tile8<MR8>(x, ldx, kquads, panel, corr, r, col, ncols, e);
-      if (r < r1) rows8<MR8 - 1>(x, ldx, kquads, panel, corr, r, col, ncols, r1 - r, e);
-    }
-  }
+  by_row_block(m, row_block, panels, [&](int p, int r0, int r1) PRISM_VNNI {
+    const int8_t* panel = packed + (long)p * kquads * 4 * NR8;
+    const int col = p * NR8, ncols = n - col < NR8 ? n - col : NR8;
+    int r = r0;
+    for (; r + MR8 <= r1; r += MR8) tile8<MR8>(x, ldx, kquads, panel, corr, r, col, ncols, e);
+    if (r < r1) rows8<MR8 - 1>(x, ldx, kquads, panel, corr, r, col, ncols, r1 - r, e);
+  });
 }
 
 // Per-row symmetric quantisation, the same IEEE operations as quant.py's torch version:
