@@ -83,7 +83,7 @@ class PrismCluster:
         for server in self.servers:
             server.interrupt()
         for server in self.servers:
-            server.stop()
+            server.wait_stopped()
 
     def __enter__(self):
         return self.start()

@@ -346,22 +346,27 @@ class TritonServer:
             return "(no log)"
 
     def interrupt(self) -> None:
-        """SIGINT, without waiting: Triton unloads its models and ends their stubs (stop() waits).
-        A cluster interrupts all its replicas first, so they stop side by side."""
+        """SIGINT, without waiting: Triton unloads its models and ends their stubs. A cluster
+        interrupts all its replicas first, then waits for each (wait_stopped), so they stop side by side."""
         if self.running():
             self.process.send_signal(signal.SIGINT)
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT (graceful), then SIGKILL the group: the stubs a crash leaves behind, or those of a
-        server interrupted while loading, even when the server itself has exited already."""
+    def wait_stopped(self, timeout: float = 30.0) -> int | None:
+        """After interrupt(): wait for the graceful exit, then SIGKILL the group: the stubs a crash
+        leaves behind, or those of a server interrupted while loading, even when the server itself
+        has exited already."""
         if self.process is None:
             return None
-        self.interrupt()
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
         return self.kill()
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT (graceful), then SIGKILL the group (wait_stopped)."""
+        self.interrupt()
+        return self.wait_stopped(timeout)
 
     def kill(self) -> int | None:
         """SIGKILL the server and its stubs (its process group) at once: a server with a dead stub

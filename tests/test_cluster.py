@@ -217,6 +217,15 @@ class Cluster:
                     pass
         return total
 
+    def kill_replica(self, index: int) -> None:
+        """SIGKILL replica `index`'s tritonserver and its Python stubs (their process groups)."""
+        for group in {os.getpgid(pid) for pid in self.server_pids(index)}:
+            os.killpg(group, signal.SIGKILL)
+
+    def log_since(self, offset: int) -> str:
+        """What `prism serve` wrote to stderr after the first `offset` characters."""
+        return self.stderr_path.read_text()[offset:]
+
     def group_processes(self) -> list[int]:
         """Every process still running from this cluster's directory (servers, stubs, nginx)."""
         return processes_with(str(self.workdir).encode())
@@ -406,11 +415,9 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
     start = len(read_access_log(cluster.access_log))
     client.decide(THREADS[0], ["team"])
     victim = cluster.replica_of(routed_entries(cluster, start, 1)[0]["upstream"])  # THREADS[0]'s replica
-    pids = cluster.server_pids(victim)
-    assert pids
+    assert cluster.server_pids(victim)
     log_start = len(cluster.stderr_path.read_text())
-    for group in {os.getpgid(pid) for pid in pids}:
-        os.killpg(group, signal.SIGKILL)  # the server and its Python stubs
+    cluster.kill_replica(victim)
     start = len(read_access_log(cluster.access_log))
     # THREADS[0]'s key goes to the victim; about half of the others too. (Within
     # the router's 10 s fail_timeout, before the restarted replica can take its keys back.)
@@ -426,12 +433,9 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
             assert got.probabilities == reference.decide(material, ["team"])[0].probabilities
     # `prism serve --replicas` notices (naming the server, though its stubs died with it) and
     # starts the replica again on its ports
-    def log_since_kill() -> str:
-        return cluster.stderr_path.read_text()[log_start:]
-
     assert wait_for(lambda: f"replica {victim} failed (tritonserver exited with code -9); restarting"
-                    in log_since_kill(), 10)
-    assert wait_for(lambda: f"replica {victim} ready again" in log_since_kill(), 900)
+                    in cluster.log_since(log_start), 10)
+    assert wait_for(lambda: f"replica {victim} ready again" in cluster.log_since(log_start), 900)
     with PrismClient(cluster.replicas[victim]["http"]) as again:
         assert again.is_ready()
         assert again.decide(THREADS[0], ["team"])[0].probabilities == client.decide(THREADS[0], ["team"])[0].probabilities
@@ -442,12 +446,11 @@ def test_stop_ends_router_and_every_replica(cluster):
     wait for the load, so everything stops at once, and no server waits out its exit timeout."""
     assert cluster.group_processes()  # nginx, two tritonservers, their stubs
     log_start = len(cluster.stderr_path.read_text())
-    for group in {os.getpgid(pid) for pid in cluster.server_pids(1)}:
-        os.killpg(group, signal.SIGKILL)
+    cluster.kill_replica(1)
     assert wait_for(lambda: "replica 1 failed (tritonserver exited with code -9); restarting"
-                    in cluster.stderr_path.read_text()[log_start:], 10)
+                    in cluster.log_since(log_start), 10)
     assert cluster.server_pids(1)  # the new server, loading
     took = stop_cleanly(cluster)
-    assert "replica 1 ready again" not in cluster.stderr_path.read_text()[log_start:]
+    assert "replica 1 ready again" not in cluster.log_since(log_start)
     assert not exit_timeouts(cluster)
     print(f"clean stop during a restart: {took:.1f} s")

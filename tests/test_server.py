@@ -209,6 +209,5 @@ def test_perf_analyzer_runs_against_the_ensemble(server):
     sys.path.insert(0, str(REPO_ROOT / "perf_analyzer_configs"))
     from run_perf import HERE, run_perf
 
-    url = f"localhost:{server.options.http_port}"
-    result = run_perf(url, HERE / "unshared.json", concurrency=1, request_count=6)
+    result = run_perf(f"localhost:{server.options.http_port}", HERE / "unshared.json", concurrency=1, request_count=6)
     assert result["throughput"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
