@@ -16,7 +16,6 @@ It is loaded with ctypes, which releases the GIL for the call. Where it cannot b
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import os
 import subprocess
@@ -24,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from kernels.cpu_features import has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
 
 SOURCE = Path(__file__).parent / "csrc" / "int16_gemm.cpp"
 PACKAGE_LIB = Path(__file__).parent / "lib"
@@ -67,30 +68,6 @@ def _build() -> Path:
         except (OSError, subprocess.CalledProcessError) as exc:
             errors.append(f"{folder}: {getattr(exc, 'stderr', '') or exc}")
     raise RuntimeError("; ".join(errors))
-
-
-@functools.cache  # read once per process: the 8-bit kernel's callers ask on every call
-def _cpu_flags() -> frozenset[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo, or None where it cannot be read (not Linux x86)."""
-    try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return None
-    return frozenset(line.split(":", 1)[1].split())
-
-
-def has_avx2() -> bool:
-    """Whether this CPU runs the library's instructions (AVX2 and FMA; x86 only)."""
-    flags = _cpu_flags()
-    if flags is None:
-        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    return {"avx2", "fma"} <= flags
-
-
-def has_avx512_vnni() -> bool:
-    """Whether this CPU runs the 8-bit kernel (AVX-512 F/BW/VL and VNNI)."""
-    flags = _cpu_flags()
-    return flags is not None and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
 
 
 def load():

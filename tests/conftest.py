@@ -150,3 +150,19 @@ def server(model_dir):
     srv.start()
     yield srv
     srv.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line saying which CPU kind the run covered and which ISA-specific tests it skipped."""
+    from collections import Counter
+
+    from helpers import ISA_SKIP
+    from kernels.cpu_features import cpu_kind
+
+    reasons = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if ISA_SKIP in reason:
+            reasons[reason.removeprefix("Skipped: ")] += 1
+    skipped = "; ".join(f"{n} x {why}" for why, n in reasons.items()) or "none"
+    terminalreporter.write_line(f"CPU kind: {cpu_kind()}; ISA-specific tests skipped: {skipped}")

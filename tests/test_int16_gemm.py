@@ -16,8 +16,10 @@ from kernels.int16_gemm_cpu import PackedWeight, PackedWeight8, chunk_pairs, fit
 from prism_backend.model.int_matmul import dequantize, int_bound
 from prism_backend.reproducibility import torch_threads
 
+from helpers import needs
+
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not int16_gemm_cpu.has_avx2(), reason="the int16 kernel is for x86 CPUs with AVX2")
+pytestmark = needs("avx2")  # the int16 kernel is for x86 CPUs with AVX2
 
 
 def extreme_integers(m: int, k: int, n: int, xb: int, wb: int, seed: int = 0):
@@ -203,7 +205,7 @@ def test_unpacked_gives_the_weight_back():
 
 
 # ---- the 8-bit kernel (AVX-512 VNNI): one activation pass x one weight pass ----------------------
-needs_vnni = pytest.mark.skipif(not int16_gemm_cpu.has_avx512_vnni(), reason="the 8-bit kernel needs AVX-512 VNNI")
+needs_vnni = needs("avx512_vnni")
 
 
 def test_the_8_bit_kernel_is_a_route_exactly_where_the_cpu_runs_it():

@@ -1,0 +1,75 @@
+"""What this x86 CPU can run, as Prism's own kernels see it, and how to make a machine act as the
+other kind.
+
+Prism runs on two kinds of x86-64 machine: AVX2 + FMA only (no AVX-512), and AVX-512 F/BW/VL with
+VNNI (and BF16). The int16 kernel needs AVX2; the 8-bit kernel needs AVX-512 VNNI. Everything
+that picks a kernel asks here, so one switch makes an AVX-512 machine pick exactly what an
+AVX2-only one picks:
+
+    PRISM_CPU_ISA=avx2   Prism's kernels ignore the CPU's AVX-512 flags (read once per process).
+
+torch and oneDNN choose their own kernels when they start; AVX2_ENVIRONMENT sets their switches too
+(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), so a process started with it computes as on an AVX2-only
+CPU as far as software can arrange (tests/test_cpu_kinds.py runs the engine that way).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+ISA_VARIABLE = "PRISM_CPU_ISA"
+ISA_CHOICES = ("native", "avx2")
+# A child process started with these computes as on an AVX2-only CPU: Prism's kernels, torch's
+# dispatch (ATen's CPU capability) and oneDNN's (its int8 GEMMs behind torch._int_mm).
+AVX2_ENVIRONMENT = {ISA_VARIABLE: "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def _isa_cap() -> str:
+    cap = os.environ.get(ISA_VARIABLE, "") or "native"
+    if cap not in ISA_CHOICES:
+        raise ValueError(f"{ISA_VARIABLE} must be one of {ISA_CHOICES}, got {cap!r}")
+    return cap
+
+
+@functools.cache  # read once per process: the 8-bit kernel's callers ask on every call
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (without AVX-512 ones under PRISM_CPU_ISA=avx2),
+    or None where they cannot be read (not Linux x86)."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    flags = frozenset(line.split(":", 1)[1].split())
+    if _isa_cap() == "avx2":
+        flags = frozenset(f for f in flags if not f.startswith("avx512"))
+    return flags
+
+
+def has_avx2() -> bool:
+    """Whether this CPU runs the int16 kernel's instructions (AVX2 and FMA; x86 only)."""
+    flags = cpu_flags()
+    if flags is None:
+        import torch
+
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return {"avx2", "fma"} <= flags
+
+
+def has_avx512_vnni() -> bool:
+    """Whether this CPU runs the 8-bit kernel (AVX-512 F/BW/VL and VNNI)."""
+    flags = cpu_flags()
+    return flags is not None and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+
+
+def cpu_kind() -> str:
+    """The machine kind in words, as results and test runs report it: 'AVX-512 VNNI + BF16',
+    'AVX-512 VNNI', 'AVX2' or 'other', with ' (forced)' where PRISM_CPU_ISA caps it."""
+    flags = cpu_flags() or frozenset()
+    if has_avx512_vnni():
+        kind = "AVX-512 VNNI + BF16" if "avx512_bf16" in flags else "AVX-512 VNNI"
+    elif has_avx2():
+        kind = "AVX2"
+    else:
+        kind = "other"
+    return kind + (" (forced)" if _isa_cap() != "native" else "")

@@ -1,0 +1,78 @@
+"""Both CPU kinds from one machine: an AVX-512 VNNI machine forced onto the AVX2 path picks what an
+AVX2-only one picks, and the engine's determinism holds there (kernels/cpu_features.py)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kernels import cpu_features, int16_gemm_cpu
+from prism_backend.paths import REPO_ROOT
+
+
+@pytest.fixture
+def forced_avx2(monkeypatch):
+    """This process's Prism kernels as on an AVX2-only CPU (torch's own dispatch is fixed at start:
+    the subprocess test below covers it)."""
+    monkeypatch.setenv(cpu_features.ISA_VARIABLE, "avx2")
+    cpu_features.cpu_flags.cache_clear()
+    yield
+    monkeypatch.delenv(cpu_features.ISA_VARIABLE)
+    cpu_features.cpu_flags.cache_clear()
+
+
+def test_forcing_avx2_hides_the_8_bit_kernel(forced_avx2, monkeypatch):
+    from prism_backend.model import int_matmul
+
+    assert not cpu_features.has_avx512_vnni() and not int16_gemm_cpu.vnni8_available()
+    assert cpu_features.cpu_kind() in ("AVX2 (forced)", "other (forced)")
+    assert not int_matmul.runs_here("vnni8", 127, 127)
+    assert not any(f.startswith("avx512") for f in cpu_features.cpu_flags() or ())
+    monkeypatch.setenv("PRISM_INT8_ROUTE", "vnni8")
+    monkeypatch.setattr(int_matmul, "_route", None)
+    with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
+        int_matmul.route(1, 1)
+
+
+def test_an_unknown_isa_cap_is_refused(monkeypatch):
+    monkeypatch.setenv(cpu_features.ISA_VARIABLE, "avx9")
+    cpu_features.cpu_flags.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="PRISM_CPU_ISA must be one of"):
+            cpu_features.cpu_flags()
+    finally:
+        monkeypatch.delenv(cpu_features.ISA_VARIABLE)
+        cpu_features.cpu_flags.cache_clear()
+
+
+# In a process started as on an AVX2-only CPU: the default and the 8-bit rung (one pass a side)
+# take the int16 kernel, and the served self-check (batch composition, cache state, thread count)
+# finds nothing that breaks bit-identity.
+AVX2_ENGINE_CHECK = """
+import json, sys, torch
+from prism_backend.config import EngineConfig
+from prism_backend.model import int_matmul
+from prism_backend.serving.steps import DecisionStep
+from kernels.cpu_features import cpu_kind
+out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "rungs": {}}
+for passes in (2, 1):
+    step = DecisionStep(EngineConfig(model_dir=sys.argv[1], precision="int8", act_passes=passes,
+                                     weight_passes=passes, num_threads=2))
+    out["rungs"][passes] = {"route": int_matmul.route(passes, passes), "problems": step.self_check_problems}
+    step.close()
+print(json.dumps(out))
+"""
+
+
+def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
+    env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("PRISM_INT8_ROUTE", None)
+    done = subprocess.run([sys.executable, "-c", AVX2_ENGINE_CHECK, str(model_dir)], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["kind"] == "AVX2 (forced)" and result["torch"] == "AVX2", result
+    for passes, rung in result["rungs"].items():
+        assert rung["route"] == "int16", (passes, rung)
+        assert rung["problems"] == [], (passes, rung)
