@@ -7,7 +7,8 @@ Engines, all on the same prompts:
   prism unshared    the same engine, but each question alone (no shared prefixes)
   HF generic fp32   Hugging Face transformers, one full forward per question, full-vocabulary softmax
   HF generic bf16   the same in bfloat16
-Writes a markdown table to bench/results/engine.md and prints it.
+Writes a markdown table to bench/results/engine_<precision>[_<variant>].md (e.g. engine_fp32.md,
+engine_int8_act_passes1.md) and prints it.
 """
 from __future__ import annotations
 

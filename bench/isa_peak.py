@@ -1,4 +1,4 @@
-"""How close the projections run to the CPU's instruction peak (issue 17's "report the profile").
+"""How close the projections run to the CPU's instruction peak.
 
     .venv/bin/python bench/isa_peak.py [--threads 2]
 

@@ -1,5 +1,5 @@
 """Times llama.cpp (llama-cpp-python, GGUF Q8_0) on prompts given as token ids; runs inside its own
-virtualenv (LLAMA_PYTHON, made by `make bench-llama-cpp`).
+virtualenv (LLAMA_PYTHON, `.venv-llama`, which `make bench` builds).
 
     .venv-llama/bin/python bench/llama_cpp_driver.py IN.json OUT.json
     .venv/bin/python bench/llama_cpp_driver.py --convert MODEL_DIR OUT.gguf   (what `make bench` runs)

@@ -1,4 +1,4 @@
-"""Which projections tolerate 8-bit integers? The speed issue's "fewer products where accuracy allows".
+"""Which projections tolerate 8-bit integers, i.e. where could the default use fewer, cheaper products?
 
     .venv/bin/python bench/precision_sensitivity.py [--limit 16]
 

@@ -10,8 +10,9 @@ OUT: {"seconds": [per call], "probabilities": [[per prompt, renormalised over it
       "rss_bytes": resident memory of vLLM's processes after the run, "startup_seconds": float}
 
 Probabilities come from `logprob_token_ids` (full-vocabulary log-probabilities of exactly the
-candidate ids), renormalised over the candidates as Prism's are. Settings follow RUNTIME.md:
-threads bound to every core, block size 32 so that prefix caching can reuse all but < 32 tokens,
+candidate ids), renormalised over the candidates as Prism's are. Settings: vLLM's OpenMP
+threads bound to every core this process may use (VLLM_CPU_OMP_THREADS_BIND), a 2 GiB KV cache
+(VLLM_CPU_KVCACHE_SPACE), block size 32 so that prefix caching can reuse all but < 32 tokens,
 eager mode.
 """
 from __future__ import annotations
