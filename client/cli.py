@@ -48,8 +48,7 @@ def cmd_serve(args) -> int:
 
     token = validate_admin_token(args.admin_token) if args.admin_token else admin_token_from_environment()
     options = _repository_options(args, http_port=args.http_port, grpc_port=args.grpc_port,
-                                  metrics_port=args.metrics_port, repository=args.repository, admin_token=token,
-                                  queue_timeout_s=args.queue_timeout_s)
+                                  metrics_port=args.metrics_port, repository=args.repository, admin_token=token)
     options.validate()  # the public ports must differ too, though the replicas take free ones
     router = RouterOptions(http_listen=f"{args.host}:{args.http_port}", grpc_listen=f"{args.host}:{args.grpc_port}",
                            metrics_listen=f"{args.host}:{args.metrics_port}", balance=args.balance,
@@ -168,8 +167,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="independent servers behind an nginx router on the HTTP/gRPC ports")
     serve.add_argument("--balance", choices=BALANCES, default="consistent-hash",
                        help="router policy with --replicas (consistent-hash on the material)")
-    serve.add_argument("--queue-timeout-s", type=float, default=None,
-                       help="a request queued longer gets 503 / UNAVAILABLE (default: config.pbtxt's, 60 s)")
     serve.add_argument("--host", default=LOOPBACK,
                        help="address the front listens on (0.0.0.0 in a container); tritonserver "
                             "itself always binds loopback")
@@ -202,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
     decide.add_argument("--json", action="store_true", help="print JSON instead of a table")
     decide.add_argument("--urgent", action="store_true",
-                        help="Triton priority 1: served ahead of queued non-urgent requests")
+                        help="the urgent lane: served ahead of every queued non-urgent request")
     decide.set_defaults(func=cmd_decide)
 
     check = sub.add_parser("determinism-check",
@@ -237,6 +234,9 @@ def _add_repository_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
     parser.add_argument("--max-batch-size", type=_positive_int, default=None,
                         help="prism_decision's max_batch_size (default: config.pbtxt's)")
+    parser.add_argument("--max-queue-wait-s", type=float, default=None,
+                        help="an admitted request is answered within this many seconds; one that could not be "
+                             "gets 503 / UNAVAILABLE at once, with a retry hint (default 10)")
     parser.add_argument("--parameter", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                         help="a prism_decision config.pbtxt parameter (prefix_cache_bytes=0, act_passes=1, ...)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
@@ -254,7 +254,8 @@ def _repository_options(args, **server) -> ServerOptions:
     exported = server.get("repository") is not None  # it carries its own checkpoint
     return ServerOptions(precision=args.precision, instances=args.instances, tp=args.tp,
                          model_dir=args.model_dir if exported else ensure_model(args.model_dir),
-                         max_batch_size=args.max_batch_size, extra_parameters=dict(args.parameter), **server)
+                         max_batch_size=args.max_batch_size, max_queue_wait_s=args.max_queue_wait_s,
+                         extra_parameters=dict(args.parameter), **server)
 
 
 def cmd_export_repository(args) -> int:

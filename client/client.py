@@ -18,8 +18,9 @@ REQUEST_TIMEOUT_S = 300.0  # a first request may wait behind a cold instance's b
 # (client/router.py: nginx, `hash ... consistent`) sends equal keys to the same server, whose prefix
 # cache already holds that material's KV. Requests without it are balanced round-robin.
 ROUTE_HEADER = "x-prism-route"
-# prism_decision's dynamic batcher has two priority levels (config.pbtxt); 1 is served first.
-URGENT_PRIORITY = 1
+# The request parameter that puts a request in prism_decision's urgent lane (its scheduler serves
+# urgent requests before every queued bulk one; prism_backend/serving/scheduler.py).
+URGENT_PARAMETERS = {"urgent": True}
 
 
 def route_key(material: str | bytes, system: str | bytes | None = None) -> str:
@@ -40,16 +41,27 @@ class PrismError(RuntimeError):
 
 
 class PrismOverloaded(PrismError):
-    """Retry later: the server's queue is full or the request waited past its queue timeout, or no
-    replica is up (restarting after a fault). HTTP 503 / gRPC UNAVAILABLE; nothing was decided.
-    Also Triton's 500 for a dead Python-backend stub, in the instant before `prism serve`'s
-    watchdog notices it and restarts the replica (client/cluster.py)."""
+    """Retry later: the server could not answer within its bound (max_queue_wait_s), or no replica
+    is up (restarting after a fault). HTTP 503 / gRPC UNAVAILABLE; nothing was decided. Also
+    Triton's 500 for a dead Python-backend stub, in the instant before `prism serve`'s watchdog
+    notices it and restarts the replica (client/cluster.py). retry_after_s: the server's hint
+    ("retry after N s" in its message), or None."""
+
+    def __init__(self, message: str, status: str | None = None):
+        super().__init__(message, status)
+        hint = RETRY_HINT.search(message)
+        self.retry_after_s = float(hint.group(1)) if hint else None
 
 
 OVERLOADED_STATUSES = ("503", "StatusCode.UNAVAILABLE")
 # Triton 2.51's words for a request that reached a dead stub ("Stub process 'prism_decision_0_0'
 # is not healthy."): nothing was decided, and the replica is being restarted.
 DEAD_STUB_MESSAGE = re.compile(r"Stub process '[^']*' is not healthy")
+
+
+# The server's hint in an overload message (prism_backend/serving/scheduler.py, the router's 503):
+# tritonclient does not expose HTTP headers such as Retry-After, so the hint travels in the text.
+RETRY_HINT = re.compile(r"retry after (\d+(?:\.\d+)?) s")
 
 
 def server_error(exc) -> PrismError:
@@ -64,6 +76,14 @@ def retry_delays(retries: int, backoff_s: float):
     turned away together do not all come back at the same instant."""
     for attempt in range(retries):
         yield backoff_s * (2 ** attempt) * (0.5 + random.random())
+
+
+def retry_delay(backoff: float, overloaded: PrismOverloaded) -> float:
+    """The wait before a retry: the backoff, or the server's hint if that is longer (spread over
+    1x-1.5x of it, so the callers it turned away together do not return together)."""
+    if overloaded.retry_after_s is None:
+        return backoff
+    return max(backoff, overloaded.retry_after_s * (1 + 0.5 * random.random()))
 
 
 @dataclass(frozen=True)
@@ -121,10 +141,10 @@ def build_inputs(tc, material, tasks, system=None, return_prompt_ids=False) -> l
 
 
 def infer_options(protocol: str, timeout: float, material, system, urgent: bool) -> dict:
-    """Keyword arguments of tritonclient's infer(): routing header, priority, gRPC deadline."""
+    """Keyword arguments of tritonclient's infer(): routing header, urgent lane, gRPC deadline."""
     options = {"headers": {ROUTE_HEADER: route_key(material, system)}}
     if urgent:
-        options["priority"] = URGENT_PRIORITY
+        options["parameters"] = dict(URGENT_PARAMETERS)
     if protocol == "grpc":
         options["client_timeout"] = timeout
     return options
@@ -177,15 +197,17 @@ class PrismClient(_ClientBase):
 
     def decide(self, material: str | bytes, tasks: list[str], system: str | None = None,
                return_prompt_ids: bool = False, urgent: bool = False) -> list[Decision]:
-        """urgent: Triton priority 1, ahead of every queued non-urgent request."""
+        """urgent: served before every queued non-urgent request. With retries, an overloaded answer
+        is retried after the backoff or the server's hint, whichever is longer."""
         args, kwargs = self._infer_call(material, tasks, system, return_prompt_ids, urgent)
         for delay in [*retry_delays(self.retries, self.backoff_s), None]:
             try:
                 with server_errors():
                     return parse_decisions(self._client.infer(*args, **kwargs))
-            except PrismOverloaded:
+            except PrismOverloaded as overloaded:
                 if delay is None:
                     raise
+                delay = retry_delay(delay, overloaded)
             time.sleep(delay)
 
     def is_ready(self) -> bool:
@@ -228,9 +250,10 @@ class AsyncPrismClient(_ClientBase):
             try:
                 with server_errors():
                     return parse_decisions(await self._client.infer(*args, **kwargs))
-            except PrismOverloaded:
+            except PrismOverloaded as overloaded:
                 if delay is None:
                     raise
+                delay = retry_delay(delay, overloaded)
             await asyncio.sleep(delay)
 
     async def close(self) -> None:

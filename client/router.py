@@ -48,7 +48,10 @@ PUBLIC_MODELS = ("prism",)
 PUBLIC_HTTP_PATHS = r"^/v2(/health/(live|ready))?$|^/v2/models/[A-Za-z0-9_.-]+(/versions/[0-9]+)?(/ready|/config|/stats)?$"
 PUBLIC_GRPC_METHODS = r"^/inference\.GRPCInferenceService/(ServerLive|ServerReady|ModelReady|ServerMetadata" \
                       r"|ModelMetadata|ModelConfig|ModelStatistics|ModelInfer)$|^/grpc\.health\.v1\.Health/Check$"
-UNAVAILABLE_MESSAGE = "no Prism replica is available (starting, restarting after a fault, or overloaded); retry later"
+UPSTREAM_RETRY_AFTER_S = 1  # Retry-After on a replica's overload 503 (its message carries the precise hint)
+NO_REPLICA_RETRY_AFTER_S = 5
+UNAVAILABLE_MESSAGE = ("no Prism replica is available (starting, restarting after a fault, or overloaded); "
+                       f"retry later: retry after {NO_REPLICA_RETRY_AFTER_S} s")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,9 @@ class RouterOptions:
     balance: str = "consistent-hash"  # round-robin: the baseline of bench/router_bench.py
     fail_timeout_s: int = 10  # how long a failed replica is left out before nginx tries it again
     worker_processes: str = "1"  # "auto" in a container of its own
-    read_timeout_s: int = 600  # a bulk request can queue behind other batches for minutes
+    # a backstop only: replicas answer admitted requests within max_queue_wait_s (a cold instance's
+    # first batch can take longer)
+    read_timeout_s: int = 600
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # bigger bodies get 413 from the front
     admin_token: str | None = None  # None: the admin APIs answer 403 to everyone
 
@@ -112,8 +117,10 @@ def _http_proxy(tries: int, read_timeout_s: int) -> list[str]:
         "            proxy_pass http://$prism_http_pool;",
         "            proxy_http_version 1.1;",
         "            proxy_set_header Connection \"\";",
-        "            # A dead replica is skipped and the request retried on the next one of the ring.",
-        "            proxy_next_upstream error timeout http_502 http_503 http_504 non_idempotent;",
+        "            # A dead replica is skipped and the request retried on the next one of the ring. Not on",
+        "            # 503: that is a replica refusing work it could not answer within its bound (its scheduler);",
+        "            # counted as a failure, it would take the replica out of the ring for fail_timeout.",
+        "            proxy_next_upstream error timeout http_502 http_504 non_idempotent;",
         f"            proxy_next_upstream_tries {tries};",
         "            proxy_connect_timeout 2s;",
         f"            proxy_read_timeout {read_timeout_s}s;",
@@ -124,7 +131,7 @@ def _http_proxy(tries: int, read_timeout_s: int) -> list[str]:
 def _grpc_proxy(tries: int, read_timeout_s: int) -> list[str]:
     return [
         "            grpc_pass grpc://$prism_grpc_pool;",
-        "            grpc_next_upstream error timeout http_502 http_503 http_504 non_idempotent;",
+        "            grpc_next_upstream error timeout http_502 http_504 non_idempotent;",
         f"            grpc_next_upstream_tries {tries};",
         "            grpc_connect_timeout 2s;",
         f"            grpc_read_timeout {read_timeout_s}s;",
@@ -189,6 +196,9 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
         f"    # Requests carrying {ROUTE_HEADER} go to the replica their key hashes to; others round-robin.",
         f"    map {key} $prism_http_pool {{ \"\" prism_http_any; default prism_http_{keyed}; }}",
         f"    map {key} $prism_grpc_pool {{ \"\" prism_grpc_any; default prism_grpc_{keyed}; }}",
+        "    # A replica's overload 503 (its scheduler's refusal) gets a Retry-After header; the message",
+        "    # itself says how long (\"retry after N s\"), which clients read (nginx cannot).",
+        f"    map $upstream_status $prism_retry_after {{ \"503\" \"{UPSTREAM_RETRY_AFTER_S}\"; default \"\"; }}",
         _upstream("prism_http_keyed", http_servers, key, options.fail_timeout_s),
         _upstream("prism_http_any", http_servers, None, options.fail_timeout_s),
         _upstream("prism_grpc_keyed", grpc_servers, key, options.fail_timeout_s),
@@ -200,7 +210,7 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
         "        # Connection refused by every replica (all restarting): a retryable 503, never a bare 502.",
         "        error_page 502 504 = @unavailable;",
         "        location @unavailable {",
-        "            add_header Retry-After 5 always;",
+        f"            add_header Retry-After {NO_REPLICA_RETRY_AFTER_S} always;",
         "            " + _json_error(503, UNAVAILABLE_MESSAGE),
         "        }",
         "        error_page 413 = @too_large;",
@@ -211,6 +221,7 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
         f"        location ~ ^/v2/models/({infer})(/versions/[0-9]+)?/infer$ {{",
         *http_proxy,
         "            add_header x-prism-replica $upstream_addr always;",
+        "            add_header Retry-After $prism_retry_after always;",
         "        }",
         f"        location ~ {ADMIN_HTTP_PATHS} {{",
         *_admin_check(options.admin_token, "            "),

@@ -55,7 +55,7 @@ class ServerOptions:
     max_batch_size: int | None = None  # prism_decision's; None keeps config.pbtxt's
     servers_on_machine: int = 1  # replicas sharing these cores (client/cluster.py), for the thread share
     admin_token: str | None = None  # Triton's admin APIs need it (security.py); None: closed to all
-    queue_timeout_s: float | None = None  # prism_decision's queue policy timeout; None keeps config.pbtxt's
+    max_queue_wait_s: float | None = None  # prism_decision's admission bound; None keeps config.pbtxt's
     # An exported repository (client/export.py) to serve as it is, instead of rendering model_repository/
     repository: Path | None = None
 
@@ -74,8 +74,8 @@ class ServerOptions:
         if len(set(ports)) != 3:
             raise ConfigError(f"HTTP, gRPC and metrics ports must differ, got {ports}")
         validate_admin_token(self.admin_token)
-        if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
-            raise ConfigError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
+        if self.max_queue_wait_s is not None and not self.max_queue_wait_s > 0:
+            raise ConfigError(f"--max-queue-wait-s must be > 0, got {self.max_queue_wait_s}")
         if self.repository is not None:
             if not (Path(self.repository) / "prism" / "config.pbtxt").exists():
                 raise ConfigError(f"--repository {self.repository} holds no Prism model repository (prism/config.pbtxt)")
@@ -111,15 +111,6 @@ def set_max_batch_size(config_text: str, size: int) -> str:
     return new_text
 
 
-def set_queue_timeout(config_text: str, seconds: float) -> str:
-    """Set default_timeout_microseconds of every queue policy (one per priority level)."""
-    new_text, n = re.subn(r"(default_timeout_microseconds:\s*)\d+", lambda m: m.group(1) + str(round(seconds * 1e6)),
-                          config_text)
-    if n == 0:
-        raise ConfigError("config.pbtxt has no queue policy with default_timeout_microseconds")
-    return new_text
-
-
 def render_model_repository(options: ServerOptions, target: Path) -> Path:
     """Copy model_repository/ to `target` with the options filled into its config.pbtxt files."""
     shutil.rmtree(target, ignore_errors=True)
@@ -134,8 +125,8 @@ def render_model_repository(options: ServerOptions, target: Path) -> Path:
             text = set_parameter(text, "tp_size", str(options.tp))
             if options.max_batch_size is not None:
                 text = set_max_batch_size(text, options.max_batch_size)
-            if options.queue_timeout_s is not None:
-                text = set_queue_timeout(text, options.queue_timeout_s)
+            if options.max_queue_wait_s is not None:
+                text = set_parameter(text, "max_queue_wait_s", f"{options.max_queue_wait_s:g}")
             # Replicas, instances and their TP workers share the cores: give each process its share
             # of threads, or their OpenMP pools oversubscribe the machine and everything slows down.
             processes = options.servers_on_machine * options.instances * options.tp

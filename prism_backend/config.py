@@ -88,6 +88,10 @@ class EngineConfig:
     prefix_cache_bytes: int = 256 * 1024 * 1024  # K/V held across batches, LRU-evicted; 0 = no cache
     prefill_chunk_tokens: int = 2048  # most rows computed in one pass over the layers; 0 = no limit
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    # Admission by time (serving/scheduler.py): a request is queued only if it can be answered within
+    # this many seconds of its arrival at the decision step; otherwise it gets UNAVAILABLE (HTTP 503)
+    # at once, with a hint of when to retry.
+    max_queue_wait_s: float = 10.0
 
     def __post_init__(self):
         _ = self.compute  # building the compute settings checks precision, passes and kernels
@@ -101,6 +105,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if not 0 <= self.smooth_alpha < 1:
             raise ConfigError(f"smooth_alpha must be in [0, 1), got {self.smooth_alpha}")
+        if not self.max_queue_wait_s > 0:
+            raise ConfigError(f"max_queue_wait_s must be > 0, got {self.max_queue_wait_s}")
         if self.prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes must be >= 0 (0 disables the cache), got {self.prefix_cache_bytes}")
         if self.prefill_chunk_tokens and self.prefill_chunk_tokens < self.kv_block_tokens:

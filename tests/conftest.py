@@ -145,7 +145,7 @@ def server(model_dir):
                             extra_parameters={"prefix_cache_bytes": "0"},
                             # functional tests queue a few concurrent requests: on busy cores they must
                             # not meet the overload policy's timeout (tests/test_security.py tests it)
-                            queue_timeout_s=600)
+                            max_queue_wait_s=600)
     srv = TritonServer(options)
     srv.start()
     yield srv

@@ -352,13 +352,15 @@ def test_requests_without_key_are_balanced_round_robin(cluster):
     assert len(set(replicas)) == 2  # alternating, not pinned
 
 
-def test_urgent_priority_is_accepted_end_to_end(cluster):
-    """The client's urgent flag is Triton request priority 1, a level prism_decision's batcher has."""
+def test_urgent_lane_is_accepted_end_to_end(cluster):
+    """The client's urgent flag is the request parameter "urgent": true, which prism_decision's
+    scheduler reads (through the ensemble) to serve the request ahead of queued bulk ones; its bits
+    are the bulk lane's. Triton's own priority levels stay off (they stop its batcher's prefetch)."""
     http = PrismClient(cluster.url)
     normal = http.decide(THREADS[1], ["team"])[0]
     urgent = http.decide(THREADS[1], ["team"], urgent=True)[0]
     assert urgent.probability_array().tobytes() == normal.probability_array().tobytes()
-    body = json.dumps({"parameters": {"priority": 1}, "inputs": [
+    body = json.dumps({"parameters": {"urgent": True}, "inputs": [
         {"name": "material", "shape": [1], "datatype": "BYTES", "data": [THREADS[1]]},
         {"name": "tasks", "shape": [1], "datatype": "BYTES", "data": ["team"]}]}).encode()
     request = urllib.request.Request(f"http://{cluster.url}/v2/models/prism/infer", body,
@@ -371,9 +373,12 @@ def test_urgent_priority_is_accepted_end_to_end(cluster):
                           "--url", cluster.url], capture_output=True, text=True, cwd=REPO_ROOT)
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)[0]["task"] == "team"
+    urgent_waits = sum(v for r in cluster.replicas for k, v in scrape_url(r["metrics"]).items()
+                       if k.startswith("prism_queue_wait_seconds_count{") and 'lane="urgent"' in k)
+    assert urgent_waits >= 3  # the client's, the raw request's and the CLI's went through the urgent lane
     with urllib.request.urlopen(f"http://{cluster.replicas[0]['http']}/v2/models/prism_decision/config") as r:
         batching = json.loads(r.read())["dynamic_batching"]
-    assert batching["priority_levels"] == 2 and batching["default_priority_level"] == 2
+    assert not batching.get("priority_levels") and not batching.get("default_queue_policy")
 
 
 def test_front_rules_hold_through_the_router(cluster):

@@ -46,10 +46,16 @@ def test_render_fills_parameters(tmp_path, model_dir):
     assert "count: 1" in (MODEL_REPOSITORY / "prism_decision" / "config.pbtxt").read_text()
 
 
-def test_render_sets_max_batch_size_and_priority_levels_stay(tmp_path, model_dir):
-    repo = render_model_repository(ServerOptions(model_dir=model_dir, max_batch_size=5), tmp_path / "repo")
+def test_render_sets_max_batch_size_and_the_queue_bound(tmp_path, model_dir):
+    """Triton's batcher stays plain (no priority levels or queue policy: they stop its prefetch);
+    the queue bound is the scheduler's max_queue_wait_s."""
+    repo = render_model_repository(ServerOptions(model_dir=model_dir, max_batch_size=5, max_queue_wait_s=2.5),
+                                   tmp_path / "repo")
     text = (repo / "prism_decision" / "config.pbtxt").read_text()
-    assert "\nmax_batch_size: 5\n" in text and "priority_levels: 2" in text
+    assert "\nmax_batch_size: 5\n" in text and "priority_levels" not in text and "queue_policy" not in text
+    assert 'key: "max_queue_wait_s" value: { string_value: "2.5" }' in text
+    with pytest.raises(ConfigError, match="max-queue-wait-s"):
+        ServerOptions(model_dir=model_dir, max_queue_wait_s=0).validate()
     shipped = render_model_repository(ServerOptions(model_dir=model_dir), tmp_path / "repo2")
     assert "\nmax_batch_size: 2\n" in (shipped / "prism_decision" / "config.pbtxt").read_text()
     with pytest.raises(ConfigError, match="max-batch-size"):

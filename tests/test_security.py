@@ -26,14 +26,16 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import REGISTRY, REPO_ROOT, SAMPLE_TICKET, free_port, wait_for
 from prism_backend.config import ConfigError
-from prism_client.client import ROUTE_HEADER, PrismClient, PrismError, PrismOverloaded, retry_delays, server_error
-from prism_client.router import DEFAULT_MAX_REQUEST_BYTES, NginxRouter, Replica, RouterOptions, read_access_log
+from prism_client.client import (ROUTE_HEADER, PrismClient, PrismError, PrismOverloaded, retry_delay, retry_delays,
+                                 server_error)
+from prism_client.router import (DEFAULT_MAX_REQUEST_BYTES, NO_REPLICA_RETRY_AFTER_S, NginxRouter, Replica, RouterOptions,
+                                 read_access_log)
 from prism_client.security import ADMIN_HEADER, TRITON_GRPC_ADMIN_HEADER
 from prism_client.server import python_stubs
 from test_cluster import TICKETS, Cluster, exit_timeouts, stop_cleanly
 
 TOKEN = "test-admin-token-0123456789"
-QUEUE_TIMEOUT_S = 20  # the front fixture's, shorter than the default: the overload test waits it out
+MAX_QUEUE_WAIT_S = 5  # the front fixture's bound, shorter than the default 10 s
 CHUNKED_FLOOD_BYTES = 3 * 1024 * 1024  # what crashes an exposed Triton 2.51 in 1-byte chunks
 
 
@@ -181,7 +183,8 @@ def test_front_config_allow_list_and_limits(tmp_path):
 
 def test_no_replica_is_a_retryable_503_and_the_client_backs_off(tmp_path):
     """A front whose replicas are all down (restarting) answers 503 with Retry-After (HTTP) and
-    UNAVAILABLE (gRPC): PrismOverloaded, retried with backoff when asked, never a bare 502."""
+    UNAVAILABLE (gRPC): PrismOverloaded, never a bare 502, retried when asked after the server's
+    hint ("retry after 5 s" in the message) rather than the shorter backoff."""
     http, grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     router = NginxRouter([Replica(dead, dead)], RouterOptions(http_listen=http, grpc_listen=grpc), tmp_path).start()
@@ -189,10 +192,11 @@ def test_no_replica_is_a_retryable_503_and_the_client_backs_off(tmp_path):
         with pytest.raises(PrismOverloaded) as info:
             PrismClient(http).decide("m", ["team"])
         assert info.value.status == "503" and "retry later" in info.value.message
+        assert info.value.retry_after_s == NO_REPLICA_RETRY_AFTER_S
         started = time.monotonic()
         with pytest.raises(PrismOverloaded):
             PrismClient(http, retries=2, backoff_s=0.2).decide("m", ["team"])
-        assert time.monotonic() - started >= 0.2 * 0.5 + 0.4 * 0.5  # two waits, jitter at least 0.5x
+        assert time.monotonic() - started >= 2 * NO_REPLICA_RETRY_AFTER_S  # two waits of at least the hint
         # nginx writes an access-log entry just after its response has gone out: wait for the last one
         assert wait_for(lambda: len([e for e in read_access_log(router.access_log)
                                      if e["uri"].endswith("/infer")]) == 1 + 3, 10)
@@ -214,6 +218,10 @@ def test_only_overload_is_a_retryable_error():
     assert type(server_error(InferenceServerException(dead, "StatusCode.INTERNAL"))) is PrismOverloaded
     delays = list(retry_delays(3, 1.0))
     assert len(delays) == 3 and all(0.5 * 2**i <= d <= 1.5 * 2**i for i, d in enumerate(delays))
+    # the server's hint: a retry waits at least that long (up to 1.5x, spread), never less than the backoff
+    hinted = server_error(InferenceServerException("overloaded: ...; retry after 3 s", "503"))
+    assert hinted.retry_after_s == 3.0 and server_error(InferenceServerException("x", "503")).retry_after_s is None
+    assert all(3.0 <= retry_delay(0.5, hinted) <= 4.5 for _ in range(20)) and retry_delay(7.0, hinted) == 7.0
 
 
 def test_oversized_material_is_refused_before_tokenizing(model_dir):
@@ -237,7 +245,7 @@ def front():
     # fp32 loads in a fraction of int8's time (no calibration) and is deterministic for a repeated
     # request; int8 behind the front: tests/test_cluster.py
     c = Cluster(replicas=1, env={"PRISM_ADMIN_TOKEN": TOKEN},
-                args=("--precision", "fp32", "--queue-timeout-s", str(QUEUE_TIMEOUT_S)))
+                args=("--precision", "fp32", "--max-queue-wait-s", str(MAX_QUEUE_WAIT_S)))
     yield c
     stop_cleanly(c)
 
@@ -313,9 +321,9 @@ def test_only_the_allow_list_is_served(front):
     with urllib.request.urlopen(f"http://127.0.0.1:{front.metrics_port}/metrics") as r:
         assert b"prism_requests_total" in r.read()
     with urllib.request.urlopen(f"http://{front.url}/v2/models/prism_decision/config") as r:
-        policy = json.loads(r.read())["dynamic_batching"]["default_queue_policy"]
-    assert policy["timeout_action"] == "REJECT" and int(policy["max_queue_size"]) == 16
-    assert int(policy["default_timeout_microseconds"]) == QUEUE_TIMEOUT_S * 10**6
+        config = json.loads(r.read())
+    assert "default_queue_policy" not in config["dynamic_batching"]  # the bound is the scheduler's:
+    assert config["parameters"]["max_queue_wait_s"]["string_value"] == str(MAX_QUEUE_WAIT_S)
 
 
 def test_prism_health_probe(front):
@@ -343,13 +351,28 @@ def test_perf_analyzer_runs_through_the_front(front):
     assert result["throughput"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
 
 
+def infer_raw(url: str, material: str) -> tuple[int, dict, str]:
+    """One decision over plain HTTP/JSON: (status, headers, body), also for error statuses."""
+    body = json.dumps({"inputs": [{"name": "material", "shape": [1], "datatype": "BYTES", "data": [material]},
+                                  {"name": "tasks", "shape": [1], "datatype": "BYTES", "data": ["team"]}]}).encode()
+    request = urllib.request.Request(f"http://{url}/v2/models/prism/infer", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
 def test_overload_is_answered_with_503_and_bounded_waits(front):
     """64 callers asking about new tickets for a bounded time: every answer is 200 or a prompt
-    503 (PrismOverloaded), admitted requests wait no longer than the queue policy allows, memory
-    stays bounded, and the server answers normally afterwards."""
+    503 whose message says why and when to retry (PrismOverloaded with its hint; HTTP Retry-After),
+    admitted requests are answered within the bound (max_queue_wait_s, plus one execution's slack
+    for busy cores), memory stays bounded, and the server answers normally afterwards."""
     before = probabilities(front.url)
     deadline = time.monotonic() + 15
     results: list[tuple[str, float]] = []
+    refusals: list[PrismOverloaded] = []
+    raw_refusals: list[tuple[dict, str]] = []
     peak_rss = [0]
     lock = threading.Lock()
 
@@ -360,11 +383,18 @@ def test_overload_is_answered_with_503_and_bounded_waits(front):
             material = TICKETS[(index * 7 + n) % len(TICKETS)] + f"\n(caller {index}, request {n})"
             n += 1
             started = time.monotonic()
-            try:
-                client.decide(material, ["team"])
-                outcome = "200"
-            except PrismOverloaded:
-                outcome = "503"
+            if index % 16 == 0:  # four callers over plain HTTP: the front's headers
+                status, headers, body = infer_raw(front.url, material)
+                outcome = str(status)
+                if status == 503:
+                    raw_refusals.append((headers, body))
+            else:
+                try:
+                    client.decide(material, ["team"])
+                    outcome = "200"
+                except PrismOverloaded as refused:
+                    outcome = "503"
+                    refusals.append(refused)
             with lock:
                 results.append((outcome, time.monotonic() - started))
             if outcome == "503":
@@ -384,11 +414,16 @@ def test_overload_is_answered_with_503_and_bounded_waits(front):
     rejected = [t for outcome, t in results if outcome == "503"]
     p99 = admitted[min(len(admitted) - 1, int(0.99 * len(admitted)))]
     print(f"overload: {len(admitted)} admitted (p50 {admitted[len(admitted) // 2]:.1f} s, p99 {p99:.1f} s), "
-          f"{len(rejected)} answered 503 (max {max(rejected):.2f} s), drained {finished - deadline:.1f} s after "
-          f"the senders stopped, peak server RSS {peak_rss[0] / 2**30:.2f} GiB")
-    assert admitted and rejected
-    assert p99 < QUEUE_TIMEOUT_S + 30  # the queue timeout + one execution (slow on busy cores)
-    assert finished - deadline < QUEUE_TIMEOUT_S + 40
+          f"{len(rejected)} answered 503 (p50 {sorted(rejected)[len(rejected) // 2]:.2f} s), drained "
+          f"{finished - deadline:.1f} s after the senders stopped, peak server RSS {peak_rss[0] / 2**30:.2f} GiB")
+    assert admitted and rejected and {outcome for outcome, _ in results} == {"200", "503"}
+    assert p99 < MAX_QUEUE_WAIT_S + 10  # the bound + one execution's slack (slow on busy cores)
+    assert finished - deadline < MAX_QUEUE_WAIT_S + 20
+    assert sorted(rejected)[len(rejected) // 2] < 2.0  # refused at once, not after a wait
+    assert all("max-queue-wait-s" in r.message and r.retry_after_s >= 1 for r in refusals), refusals[:3]
+    assert raw_refusals, "the plain-HTTP caller met no 503"
+    headers, body = raw_refusals[0]
+    assert headers.get("Retry-After") == "1" and "retry after" in json.loads(body)["error"]
     assert peak_rss[0] < 6 * 2**30
     assert probabilities(front.url) == before
 

@@ -91,3 +91,32 @@ class EngineMetrics:
             self.cache_bytes.set(cache.bytes_held)
             self.cache_evictions.increment(cache.stats.evictions - self._evictions_seen)
             self._evictions_seen = cache.stats.evictions
+
+
+QUEUE_WAIT_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 7.5, 10, 15, 30]
+LANES = ("bulk", "urgent")
+
+
+class AdmissionMetrics:
+    """The scheduler's (scheduler.py), by lane: the queue wait of every request that was scored
+    (submit to the start of its batch), and the requests refused, by reason ("door": the expected
+    answer was past the bound; "overdue": the backstop; "stopping": queued at unload; "error")."""
+
+    def __init__(self, make_family, labels: dict[str, str], reasons: tuple[str, ...]):
+        self._families = [
+            make_family("prism_queue_wait_seconds",
+                        "Seconds from arrival at prism_decision to the start of the batch that scores the request",
+                        "histogram"),
+            make_family("prism_rejected_requests_total",
+                        "Requests answered UNAVAILABLE to keep admitted ones within max_queue_wait_s, by reason",
+                        "counter"),
+        ]
+        self.queue_wait = {lane: self._families[0].Metric(labels={**labels, "lane": lane}, buckets=QUEUE_WAIT_BUCKETS)
+                           for lane in LANES}
+        self.rejected = {(lane, reason): self._families[1].Metric(labels={**labels, "lane": lane, "reason": reason})
+                         for lane in LANES for reason in reasons}
+
+    def close(self) -> None:
+        self.queue_wait.clear()
+        self.rejected.clear()
+        self._families.clear()

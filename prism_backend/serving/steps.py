@@ -49,6 +49,23 @@ def numpy_inputs(get_tensor, request, names) -> dict:
 BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
 
 
+def metric_family_maker(pb_utils):
+    """The metric-family factory metrics.py is written against, over Triton's pb_utils.MetricFamily."""
+    def make_family(name, description, kind):
+        return pb_utils.MetricFamily(name=name, description=description,
+                                     kind=getattr(pb_utils.MetricFamily, kind.upper()))
+    return make_family
+
+
+def is_urgent(request_parameters: str) -> bool:
+    """Whether a request asks for the urgent lane: the request parameter {"urgent": true} (the JSON
+    text of pb_utils.InferenceRequest.parameters(); Triton passes it through the ensemble)."""
+    try:
+        return json.loads(request_parameters or "{}").get("urgent") is True
+    except (ValueError, AttributeError):
+        return False
+
+
 def model_parameters(model_config: dict) -> dict[str, str]:
     """The engine's `parameters` of a parsed config.pbtxt, as plain strings."""
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items() if k not in BACKEND_PARAMETERS}

@@ -1,25 +1,36 @@
 """Triton adapter for the decision step: one execute() = one forest over the whole batch.
 
 The engine lives in prism_backend (DecisionStep -> DecisionEngine); this file only moves tensors
-and reports metrics.
+and reports metrics. execute() hands its requests to Prism's scheduler (prism_backend/serving/
+scheduler.py: urgent first, admission bounded in time, no idle wait) and returns at once; the
+scheduler's thread scores batches and answers each request through its response sender.
 """
+import json
 import time
 
 import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import EngineUnavailable, RequestError
-from prism_backend.serving.metrics import EngineMetrics
-from prism_backend.serving.steps import TOKEN_TENSORS, DecisionStep, numpy_inputs, triton_engine_config
+from prism_backend.serving.metrics import AdmissionMetrics, EngineMetrics
+from prism_backend.serving.scheduler import REASONS, Scheduler
+from prism_backend.serving.steps import (TOKEN_TENSORS, DecisionStep, is_urgent, metric_family_maker, numpy_inputs,
+                                         triton_engine_config)
 
 
-def make_family(name, description, kind):
-    return pb_utils.MetricFamily(name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind.upper()))
+def answer(request, response):
+    request.get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.step = DecisionStep(triton_engine_config(args))
-        self.metrics = EngineMetrics(make_family, {"model": args["model_name"], "instance": args["model_instance_name"]})
+        config = triton_engine_config(args)
+        self.step = DecisionStep(config)
+        labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
+        make_family = metric_family_maker(pb_utils)
+        self.metrics = EngineMetrics(make_family, labels)
+        self.admission = AdmissionMetrics(make_family, labels, REASONS)
+        max_batch_size = json.loads(args["model_config"])["max_batch_size"]
+        self.scheduler = Scheduler(self._run_batch, self._reject, max_batch_size, config.max_queue_wait_s).start()
         self.metrics.set_self_check(self.step.self_check_ok)
         if self.step.self_check_ok:
             check = "bit-identical across batchings, cache state and thread counts"
@@ -29,6 +40,28 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"prism_decision: ready, {self.step.config}; determinism self-check: {check}")
 
     def execute(self, requests):
+        for request in requests:
+            urgent = is_urgent(request.parameters())
+            rejection = self.scheduler.submit(request, urgent)
+            if rejection is not None:
+                self._reject(request, rejection, urgent)
+        return None  # answered later, by the scheduler's thread
+
+    def _reject(self, request, rejection, urgent=None):
+        urgent = is_urgent(request.parameters()) if urgent is None else urgent
+        self.admission.rejected["urgent" if urgent else "bulk", rejection.reason].increment(1)
+        answer(request, pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(rejection.message, pb_utils.TritonError.UNAVAILABLE)))
+
+    def _run_batch(self, tickets):
+        for ticket in tickets:
+            self.admission.queue_wait["urgent" if ticket.urgent else "bulk"].observe(ticket.waited)
+        requests = [t.item for t in tickets]
+        for request, response in zip(requests, self._score(requests)):
+            answer(request, response)
+
+    def _score(self, requests):
+        """One forest over `requests` -> one response each."""
         start = time.perf_counter()
         batch = [numpy_inputs(pb_utils.get_input_tensor_by_name, r, TOKEN_TENSORS) for r in requests]
         try:
@@ -60,5 +93,7 @@ class TritonPythonModel:
         return self.step.available
 
     def finalize(self):
+        self.scheduler.stop()  # the running batch ends; what is still queued is answered UNAVAILABLE
         self.step.close()  # tensor-parallel workers exit with the model
         self.metrics.close()
+        self.admission.close()

@@ -1,0 +1,179 @@
+"""Prism's own request queue in front of the engine: urgent requests first, every admitted request
+answered within a bound, and no idle wait.
+
+Why not Triton's dynamic batcher: Triton 2.51 bounds that queue only through priority levels or a
+queue policy, and either one turns the batcher's prefetch off, so a request that arrives while an
+execute runs may wait for the batcher's 500 ms idle timer after it (docs/security.md, "Overload");
+and its bound is a count (16 queued requests were a 40 s wait on a slow machine), not a time.
+So prism_decision's execute() hands its requests to this scheduler and returns at once (Triton's
+Python backend lets a model answer later through each request's response sender): Triton's batcher
+never waits for the instance and never holds a queue, and the queue lives here, seen whole:
+
+  admission  a request is queued only if the work ahead of it (the rest of the running batch, the
+             queued requests it does not overtake) at the measured seconds per request leaves time
+             to answer it within `bound_s`; otherwise it is refused at once (Rejection "door") with
+             a hint of when to retry. An idle engine admits whatever comes.
+  order      urgent requests before every queued bulk one, first come first served within a lane;
+             up to `max_batch_size` requests form one batch (one forest).
+  backstop   a request whose wait plus its batch's expected time would pass the bound when the
+             batch is formed is refused instead of scored (Rejection "overdue"): estimates at the
+             door can be off (the first requests, a change of workload).
+
+No Triton here: items are opaque, `run_batch(tickets)` scores and answers a batch, `reject(item,
+rejection)` answers one refused item; tests drive it with plain objects and a stand-in clock.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+EWMA_WEIGHT = 0.3  # weight of the newest batch in the seconds-per-request average
+# The backstop never refuses a request that waited less than this share of the bound: where one
+# batch alone takes longer than the bound, nothing could be answered in time otherwise.
+BACKSTOP_GRACE = 0.1
+REASONS = ("door", "overdue", "stopping", "error")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a request was refused, and when a retry may be admitted."""
+
+    reason: str  # one of REASONS
+    message: str
+    retry_after_s: int
+
+
+@dataclass
+class Ticket:
+    item: Any  # what the adapter queued (a Triton request)
+    urgent: bool
+    arrived: float  # clock() at submit
+    waited: float = field(default=0.0)  # seconds from submit to the start of its batch
+
+
+def retry_hint(seconds: float) -> int:
+    """Whole seconds, at least 1: what the message (and HTTP Retry-After) tells the caller."""
+    return max(1, math.ceil(seconds))
+
+
+class Scheduler:
+    def __init__(self, run_batch: Callable[[list[Ticket]], None], reject: Callable[[Any, Rejection], None],
+                 max_batch_size: int, bound_s: float, clock: Callable[[], float] = time.monotonic):
+        if max_batch_size < 1 or not bound_s > 0:
+            raise ValueError(f"max_batch_size must be >= 1 and bound_s > 0, got {max_batch_size}, {bound_s}")
+        self.run_batch, self.reject = run_batch, reject
+        self.max_batch_size, self.bound_s, self.clock = max_batch_size, bound_s, clock
+        self.seconds_per_request = 0.0  # measured: moving average of batch seconds / batch size
+        self._lanes = {True: deque(), False: deque()}  # urgent, bulk: Tickets in arrival order
+        self._running: tuple[float, int] | None = None  # (start, requests) of the batch being scored
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    # ---- the adapter's side -------------------------------------------------------------------
+    def start(self) -> "Scheduler":
+        self._thread = threading.Thread(target=self._serve, name="prism-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, item, urgent: bool = False) -> Rejection | None:
+        """Queue `item`, or refuse it (returned, not passed to reject(): the caller answers it)."""
+        with self._cond:
+            now = self.clock()
+            if self._stopping:
+                return Rejection("stopping", "the decision model is being unloaded; retry on another replica", 1)
+            answered_in = self.expected_answer_s(urgent, now)
+            if self._busy() and answered_in > self.bound_s:
+                retry = retry_hint(answered_in - self.bound_s)
+                queued = len(self._lanes[True]) + (0 if urgent else len(self._lanes[False]))
+                lane = "urgent" if urgent else "bulk"
+                return Rejection("door", (
+                    f"overloaded: a {lane} request now would be answered in about {answered_in:.1f} s "
+                    f"({queued} queued ahead of it), past the {self.bound_s:g} s bound "
+                    f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry)
+            self._lanes[urgent].append(Ticket(item, urgent, now))
+            self._cond.notify()
+            return None
+
+    def expected_answer_s(self, urgent: bool, now: float) -> float:
+        """Seconds until a request submitted now would be answered: the rest of the running batch,
+        then the queued requests it does not overtake and itself, at the measured rate."""
+        ahead = len(self._lanes[True]) + (0 if urgent else len(self._lanes[False]))
+        running_left = 0.0
+        if self._running is not None:
+            started, size = self._running
+            running_left = max(0.0, started + size * self.seconds_per_request - now)
+        return running_left + (ahead + 1) * self.seconds_per_request
+
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._lanes[True]) + len(self._lanes[False])
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Finish the running batch, refuse what is still queued ("stopping"), end the thread."""
+        with self._cond:
+            self._stopping = True
+            left = [*self._lanes[True], *self._lanes[False]]
+            for lane in self._lanes.values():
+                lane.clear()
+            self._cond.notify_all()
+        for ticket in left:
+            self.reject(ticket.item, Rejection("stopping", "the decision model is being unloaded; retry", 1))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- the scheduler's thread --------------------------------------------------------------
+    def _busy(self) -> bool:
+        return self._running is not None or bool(self._lanes[True]) or bool(self._lanes[False])
+
+    def _next_batch(self) -> tuple[list[Ticket], list[Ticket]] | None:
+        """Under the lock: (batch to score, overdue tickets) once there is work, None to stop."""
+        while not (self._lanes[True] or self._lanes[False]):
+            if self._stopping:
+                return None
+            self._cond.wait()
+        picked = []
+        for lane in (self._lanes[True], self._lanes[False]):
+            while lane and len(picked) < self.max_batch_size:
+                picked.append(lane.popleft())
+        now = self.clock()
+        expected = len(picked) * self.seconds_per_request
+        batch, overdue = [], []
+        for ticket in picked:
+            ticket.waited = now - ticket.arrived
+            late = ticket.waited + expected > self.bound_s and ticket.waited > BACKSTOP_GRACE * self.bound_s
+            (overdue if late else batch).append(ticket)
+        self._running = (now, len(batch)) if batch else None
+        return batch, overdue
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                work = self._next_batch()
+            if work is None:
+                return
+            batch, overdue = work
+            for ticket in overdue:
+                retry = retry_hint(len(batch) * self.seconds_per_request)
+                self.reject(ticket.item, Rejection("overdue", (
+                    f"overloaded: waited {ticket.waited:.1f} s in the queue and could not be answered within "
+                    f"the {self.bound_s:g} s bound (prism serve --max-queue-wait-s); retry after {retry} s"), retry))
+            if not batch:
+                continue
+            start = self.clock()
+            try:
+                self.run_batch(batch)  # answers every ticket of the batch, also on errors
+            except Exception as exc:  # a bug in run_batch: answer its tickets, keep the thread alive
+                for ticket in batch:
+                    self.reject(ticket.item, Rejection("error", f"internal error: {exc!r}", 1))
+            finally:
+                per_request = (self.clock() - start) / len(batch)
+                with self._cond:
+                    self.seconds_per_request = (per_request if self.seconds_per_request == 0.0 else
+                                                (1 - EWMA_WEIGHT) * self.seconds_per_request
+                                                + EWMA_WEIGHT * per_request)
+                    self._running = None

@@ -1,0 +1,125 @@
+"""Prism's request queue (prism_backend/serving/scheduler.py) without Triton: urgent first, admission
+bounded in time at the door, the backstop, stop, and a failing batch; the engine is a stand-in
+whose batches take as long as the test says."""
+import threading
+import time
+
+import pytest
+
+from prism_backend.serving.scheduler import BACKSTOP_GRACE, Rejection, Scheduler
+
+
+class SlowEngine:
+    """run_batch for a Scheduler: records each batch's items, and holds each batch until the test
+    releases it (so a backlog builds deterministically) or, with `seconds`, sleeps that long."""
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds, self.batches, self.rejected = seconds, [], []
+        self.release, self.started = threading.Semaphore(0), threading.Semaphore(0)
+
+    def run_batch(self, tickets):
+        self.batches.append([t.item for t in tickets])
+        self.started.release()
+        if self.seconds is None:
+            assert self.release.acquire(timeout=30)
+        else:
+            time.sleep(self.seconds)
+
+    def reject(self, item, rejection: Rejection):
+        self.rejected.append((item, rejection))
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_urgent_requests_overtake_queued_bulk_ones_in_batches():
+    engine = SlowEngine()
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=2, bound_s=60).start()
+    assert scheduler.submit("bulk-0") is None
+    assert engine.started.acquire(timeout=10)  # bulk-0 runs alone; the rest queues behind it
+    for item, urgent in (("bulk-1", False), ("bulk-2", False), ("bulk-3", False), ("urgent-0", True),
+                         ("urgent-1", True), ("urgent-2", True)):
+        assert scheduler.submit(item, urgent) is None
+    for _ in range(4):
+        engine.release.release()
+    wait_until(lambda: len(engine.batches) == 4 and scheduler.queued() == 0)
+    assert engine.batches == [["bulk-0"], ["urgent-0", "urgent-1"], ["urgent-2", "bulk-1"], ["bulk-2", "bulk-3"]]
+    engine.release.release()
+    scheduler.stop()
+    assert not engine.rejected
+
+
+def test_the_door_refuses_what_could_not_be_answered_within_the_bound():
+    """After one measured batch (0.2 s a request), a bound of 1 s admits about four queued requests
+    and refuses the next at once, saying why and when to retry; an urgent request still gets in
+    (it overtakes the queued bulk ones); an idle scheduler admits whatever comes."""
+    engine = SlowEngine(seconds=0.2)
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=1, bound_s=1.0).start()
+    assert scheduler.submit("warm-up") is None
+    wait_until(lambda: scheduler.seconds_per_request > 0 and scheduler.queued() == 0)
+    assert scheduler.seconds_per_request == pytest.approx(0.2, abs=0.1)
+    engine.seconds = 5.0  # the next batch is slow: what is behind it stays queued
+    outcomes = [scheduler.submit(f"bulk-{i}") for i in range(8)]
+    admitted = [o for o in outcomes if o is None]
+    refused = [o for o in outcomes if o is not None]
+    assert 2 <= len(admitted) <= 6 and refused and outcomes.index(refused[0]) == len(admitted)
+    assert refused[0].reason == "door" and refused[0].retry_after_s >= 1
+    assert "past the 1 s bound (prism serve --max-queue-wait-s)" in refused[0].message
+    assert f"retry after {refused[0].retry_after_s} s" in refused[0].message
+    assert scheduler.submit("urgent", urgent=True) is None
+    scheduler.stop(timeout=0)  # the queued ones are refused as "stopping"
+    assert {r.reason for _, r in engine.rejected} == {"stopping"}
+    assert scheduler.submit("late").reason == "stopping"
+
+
+def test_the_backstop_refuses_requests_that_waited_past_the_bound():
+    """A request admitted while the estimate said it would make it, but whose batch starts too late
+    (the batch ahead took far longer than measured), is refused unscored as "overdue"."""
+    clock = [0.0]
+    engine = SlowEngine()
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=1, bound_s=1.0, clock=lambda: clock[0])
+    scheduler.seconds_per_request = 0.1
+    scheduler.start()
+    assert scheduler.submit("first") is None
+    assert engine.started.acquire(timeout=10)
+    assert scheduler.submit("late") is None
+    clock[0] = 0.9
+    assert scheduler.submit("on time") is None
+    clock[0] = 0.95  # "late" has waited 0.95 s: with ~0.1-0.4 s to score it, it would end past the bound
+    engine.release.release()
+    wait_until(lambda: engine.rejected and len(engine.batches) == 2)
+    (item, rejection), = engine.rejected
+    assert item == "late" and rejection.reason == "overdue" and "waited 0.9 s" in rejection.message
+    assert engine.batches == [["first"], ["on time"]]  # it waited 0.05 s: within the grace, scored
+    assert BACKSTOP_GRACE * 1.0 > 0.05
+    engine.release.release()
+    scheduler.stop()
+
+
+def test_a_failing_batch_is_answered_and_the_thread_goes_on():
+    calls = []
+
+    def run_batch(tickets):
+        calls.append([t.item for t in tickets])
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+
+    rejected = []
+    scheduler = Scheduler(run_batch, lambda item, r: rejected.append((item, r)), 4, 10.0).start()
+    scheduler.submit("a")
+    wait_until(lambda: rejected)
+    assert rejected[0][0] == "a" and rejected[0][1].reason == "error" and "boom" in rejected[0][1].message
+    scheduler.submit("b")
+    wait_until(lambda: len(calls) == 2)
+    scheduler.stop()
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        Scheduler(lambda t: None, lambda i, r: None, max_batch_size=0, bound_s=1)
+    with pytest.raises(ValueError):
+        Scheduler(lambda t: None, lambda i, r: None, max_batch_size=1, bound_s=0)
