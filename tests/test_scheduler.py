@@ -54,11 +54,12 @@ def test_urgent_requests_overtake_queued_bulk_ones_in_batches():
 
 
 def test_the_door_refuses_what_could_not_be_answered_within_the_bound():
-    """After one measured batch (0.2 s a request), a bound of 1 s admits about four queued requests
-    and refuses the next at once, saying why and when to retry; an urgent request still gets in
-    (it overtakes the queued bulk ones); an idle scheduler admits whatever comes."""
+    """After one measured batch (0.2 s a request), a bound of 1.43 s (planned within 1 s) admits about
+    four queued requests and refuses the next at once, saying why and when to retry; an urgent request
+    still gets in (it overtakes the queued bulk ones); an idle scheduler admits whatever comes."""
     engine = SlowEngine(seconds=0.2)
-    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=1, bound_s=1.0).start()
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=1, bound_s=1.43).start()
+    assert scheduler.planned_s == pytest.approx(1.0, abs=0.01)
     assert scheduler.submit("warm-up") is None
     wait_until(lambda: scheduler.seconds_per_request > 0 and scheduler.queued() == 0)
     assert scheduler.seconds_per_request == pytest.approx(0.2, abs=0.1)
@@ -68,7 +69,7 @@ def test_the_door_refuses_what_could_not_be_answered_within_the_bound():
     refused = [o for o in outcomes if o is not None]
     assert 2 <= len(admitted) <= 6 and refused and outcomes.index(refused[0]) == len(admitted)
     assert refused[0].reason == "door" and refused[0].retry_after_s >= 1
-    assert "past the 1 s bound (prism serve --max-queue-wait-s)" in refused[0].message
+    assert "more than the 1.43 s bound allows (prism serve --max-queue-wait-s)" in refused[0].message
     assert f"retry after {refused[0].retry_after_s} s" in refused[0].message
     assert scheduler.submit("urgent", urgent=True) is None
     scheduler.stop(timeout=0)  # the queued ones are refused as "stopping"
@@ -81,7 +82,7 @@ def test_the_backstop_refuses_requests_that_waited_past_the_bound():
     (the batch ahead took far longer than measured), is refused unscored as "overdue"."""
     clock = [0.0]
     engine = SlowEngine()
-    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=1, bound_s=1.0, clock=lambda: clock[0])
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=1, bound_s=1.43, clock=lambda: clock[0])
     scheduler.seconds_per_request = 0.1
     scheduler.start()
     assert scheduler.submit("first") is None
@@ -89,13 +90,13 @@ def test_the_backstop_refuses_requests_that_waited_past_the_bound():
     assert scheduler.submit("late") is None
     clock[0] = 0.9
     assert scheduler.submit("on time") is None
-    clock[0] = 0.95  # "late" has waited 0.95 s: with ~0.1-0.4 s to score it, it would end past the bound
+    clock[0] = 0.95  # "late" has waited 0.95 s: with ~0.1-0.4 s to score it, it would end past the planned 1 s
     engine.release.release()
     wait_until(lambda: engine.rejected and len(engine.batches) == 2)
     (item, rejection), = engine.rejected
     assert item == "late" and rejection.reason == "overdue" and "waited 0.9 s" in rejection.message
     assert engine.batches == [["first"], ["on time"]]  # it waited 0.05 s: within the grace, scored
-    assert BACKSTOP_GRACE * 1.0 > 0.05
+    assert BACKSTOP_GRACE * 1.43 > 0.05
     engine.release.release()
     scheduler.stop()
 
