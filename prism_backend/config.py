@@ -82,7 +82,7 @@ class EngineConfig:
     # CUDA tensors, torch for CPU tensors; "torch" or "triton" force one (triton on CPU tensors needs
     # TRITON_INTERPRET=1 in the environment before start: it is how the tests run the kernels).
     kernels: str = "auto"
-    # Prefix KV cache and chunked prefill (prefix_cache.py, forest.py). System prompt and material are
+    # Prefix KV cache and chunked prefill (engine/prefix_cache.py, engine/forest_builder.py). System prompt and material are
     # cut into blocks of kv_block_tokens: the unit of the cache and of prefill chunks.
     kv_block_tokens: int = 128
     prefix_cache_bytes: int = 256 * 1024 * 1024  # K/V held across batches, LRU-evicted; 0 = no cache

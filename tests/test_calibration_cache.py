@@ -1,4 +1,4 @@
-"""The calibration cache (prism_backend/engine/calibration_cache.py): a stored copy is what the
+"""The calibration cache (prism_backend/engine/calibration.py): a stored copy is what the
 computation gives, bit for bit; a changed checkpoint or a damaged file is calibrated again; a cache
 that cannot be written only costs time."""
 import os
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prism_backend.config import EngineConfig
-from prism_backend.engine import calibration_cache, runner
+from prism_backend.engine import calibration
 from prism_backend.engine.engine import DecisionEngine
 from prism_backend.serving.determinism import synthetic_requests
 
@@ -24,18 +24,18 @@ def cache(tmp_path, monkeypatch):
 def calibrations(monkeypatch):
     """Counts the calibration forwards that really run."""
     calls = []
-    real = runner._calibrate
+    real = calibration._calibrate
 
     def counted(*args):
         calls.append(args[0].model_dir)
         return real(*args)
 
-    monkeypatch.setattr(runner, "_calibrate", counted)
+    monkeypatch.setattr(calibration, "_calibrate", counted)
     return calls
 
 
 def stats_of(model_dir):
-    return runner.calibration_stats(EngineConfig(model_dir=model_dir, precision="int8"))
+    return calibration.calibration_stats(EngineConfig(model_dir=model_dir, precision="int8"))
 
 
 def same(a, b):
@@ -91,9 +91,9 @@ def test_a_damaged_file_is_replaced(tiny_model_dir, cache, calibrations):
     good = stats_of(model)
     (stored,) = cache.glob("*.safetensors")
     stored.write_bytes(stored.read_bytes()[:100])  # e.g. a disk that filled up under another writer
-    assert calibration_cache.load(calibration_cache.entry(model)) is None
+    assert calibration.load(calibration.entry(model)) is None
     assert same(stats_of(model), good) and len(calibrations) == 2
-    assert same(calibration_cache.load(calibration_cache.entry(model)), good)
+    assert same(calibration.load(calibration.entry(model)), good)
 
 
 def test_an_unwritable_cache_only_costs_time(tiny_model_dir, tmp_path, monkeypatch, calibrations):

@@ -8,7 +8,8 @@ import pytest
 from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.engine.engine import DecisionEngine
 from prism_backend.errors import RequestError, run_valid
-from prism_backend.forest import EncodedRequest, build_forest
+from prism_backend.engine.forest_builder import build_forest
+from prism_backend.forest import EncodedRequest
 from prism_backend.model.loader import CheckpointError, load_model
 from prism_backend.model.reference import HFReference
 from prism_backend.serving.pipeline import DecisionPipeline

@@ -11,7 +11,8 @@ from conftest import REGISTRY
 from kernels.int8_gemm import int8_gemm, int8_gemm_reference
 from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.forest import EncodedRequest, build_forest
+from prism_backend.engine.forest_builder import build_forest
+from prism_backend.forest import EncodedRequest
 from prism_backend.model.attention import ForestAttention, _sdpa, answer_attention
 
 
@@ -84,7 +85,7 @@ def test_int8_gemm_launcher_names_the_problem():
 
 # ----------------------------------------------------------------------------------- tree attention
 
-# (start, length, parent) forests; rows are contiguous and parents come first, as in forest.py
+# (start, length, parent) forests; rows are contiguous and parents come first, as in engine/forest_builder.py
 ONE_TREE = [(0, 5, -1), (5, 23, 0), (28, 7, 1), (35, 1, 1), (36, 3, 1)]
 MANY_TREES = ONE_TREE + [(39, 4, -1), (43, 9, 5), (52, 2, 6), (54, 6, 0), (60, 1, 8)]
 LONG_TRUNK = [(0, 3, -1), (3, 150, 0), (153, 1, 1), (154, 5, 1)]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from prism_backend.prefix_cache import CacheEntry, PrefixCache, block_key
+from prism_backend.engine.prefix_cache import CacheEntry, PrefixCache, block_key
 from prism_backend.serving.pipeline import DecisionPipeline
 
 from conftest import REGISTRY, SAMPLE_TICKET

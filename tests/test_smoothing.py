@@ -3,11 +3,11 @@ q/k/v biases, q/k norms), and the calibration is reproducible."""
 import pytest
 import torch
 
-from prism_backend.forest import build_forest
+from prism_backend.engine.forest_builder import build_forest
 from prism_backend.model.loader import load_model
 from prism_backend.model.smoothing import apply_smoothing, calibrate
 from prism_backend.model.transformer import ForestTransformer
-from prism_backend.text.calibration import calibration_requests
+from prism_backend.engine.calibration import calibration_requests
 
 from conftest import TINY_ARCHS
 

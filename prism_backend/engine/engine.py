@@ -15,7 +15,7 @@ import torch
 from ..config import ConfigError, EngineConfig
 from ..errors import RequestError, or_error, run_valid
 from ..forest import EncodedRequest, ForestStats
-from ..model.scoring import FULL_VOCABULARY, score_answer
+from ..model.scoring import FULL_VOCABULARY, score_forest
 from ..reproducibility import torch_threads
 from .runner import ForestRunner, build_model
 from .tp_worker import TPWorkers
@@ -120,17 +120,10 @@ class DecisionEngine:
             if self.workers is not None:
                 self.workers.broadcast((batch, use_cache, threads))  # every rank runs the same forest
             forest, hidden = self.runner.forward(batch, use_cache)  # (A, H)
-        stats = forest.stats
-        results = []
-        with torch.inference_mode():
-            for req, answers in zip(batch, forest.answers):
-                scores = []
-                for answer, cands in zip(answers, req.candidates):
-                    probs, path = score_answer(hidden[answer], self.lm_head, cands, self.config.max_candidates)
-                    stats.fallback_tasks += path == FULL_VOCABULARY
-                    scores.append(TaskScore(probs.to(torch.float32).numpy().copy(), path))
-                results.append(scores)
-        return results, stats
+        scored = score_forest(hidden, self.lm_head, forest.answers, [r.candidates for r in batch],
+                              self.config.max_candidates)
+        forest.stats.fallback_tasks += sum(path == FULL_VOCABULARY for tasks in scored for _, path in tasks)
+        return [[TaskScore(probs, path) for probs, path in tasks] for tasks in scored], forest.stats
 
 
 def _check_shareable(config: EngineConfig, other: EngineConfig) -> None:

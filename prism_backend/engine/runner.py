@@ -10,41 +10,13 @@ from __future__ import annotations
 import torch
 
 from ..config import EngineConfig
-from ..forest import EncodedRequest, Forest, build_forest
+from ..forest import EncodedRequest, Forest
+from .forest_builder import build_forest
 from ..model.loader import ModelSpec, load_hf_config, load_model, spec_from_config
 from ..model.tp import TPGroup, local_spec, plan_shards, shard_stats
 from ..model.transformer import ForestTransformer
-from ..prefix_cache import CacheEntry, PrefixCache
-from ..reproducibility import torch_threads
-from . import calibration_cache
-
-
-def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
-    """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts,
-    stored on disk for the next build of the same checkpoint and code (calibration_cache.py).
-    full_model: (spec, weights) of the whole checkpoint; loaded here, only on a miss, if not given."""
-    stored = calibration_cache.entry(config.model_dir)
-    stats = calibration_cache.load(stored)
-    if stats is None:
-        spec, weights = full_model or load_model(config.model_dir)
-        stats = _calibrate(config, spec, weights)
-        calibration_cache.store(stored, stats)
-    return stats
-
-
-def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
-    from transformers import AutoTokenizer
-
-    from ..model.smoothing import calibrate
-    from ..text.calibration import calibration_requests
-
-    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
-    # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
-    forests = [build_forest([r], block_tokens=spec.max_context) for r in calibration_requests(tokenizer)]
-    # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
-    # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
-    with torch_threads(1):
-        return calibrate(ForestTransformer(spec, weights), forests)  # the default: plain fp32
+from .prefix_cache import CacheEntry, PrefixCache
+from .calibration import calibration_stats
 
 
 def build_model(config: EngineConfig, group: TPGroup | None = None):

@@ -6,6 +6,7 @@ Tasks with more candidates than the cap take the full-vocabulary path; both give
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 CANDIDATES = "candidates"
@@ -23,6 +24,21 @@ def score_answer(hidden: torch.Tensor, lm_head: torch.Tensor, candidates: tuple[
         return torch.softmax(logits, dim=-1), CANDIDATES
     probs = torch.softmax(_logits(lm_head, hidden), dim=-1)[index]  # (C,) out of (V,)
     return probs / probs.sum(), FULL_VOCABULARY
+
+
+def score_forest(hidden: torch.Tensor, lm_head: torch.Tensor, answers: list[list[int]],
+                 candidates: list[tuple[tuple[int, ...], ...]], cap: int) -> list[list[tuple[np.ndarray, str]]]:
+    """Every task of a forest's requests in one call. hidden: (A, H) final-normed answer rows;
+    answers[r][t]: the row of request r's task t (Forest.answers); candidates[r][t]: its candidate ids.
+
+    Returns per request, per task: (probabilities (C,) float32, path name)."""
+    with torch.inference_mode():
+        return [[_as_numpy(*score_answer(hidden[row], lm_head, cands, cap)) for row, cands in zip(rows, request)]
+                for rows, request in zip(answers, candidates)]
+
+
+def _as_numpy(probs: torch.Tensor, path: str) -> tuple[np.ndarray, str]:
+    return probs.to(torch.float32).numpy().copy(), path
 
 
 def _logits(rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

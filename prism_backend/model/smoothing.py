@@ -12,7 +12,7 @@ The division is folded into whatever produces the activation, so no extra operat
     down    input = silu(gate) * up           -> divide up's output rows
 
 `amax_x` comes from an fp32 forward over calibration prompts built from text that ships with the
-package (text/calibration.py), so the smoothed weights are a pure function of checkpoint and code.
+package (engine/calibration.py), so the smoothed weights are a pure function of checkpoint and code.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Written against a tiny factory interface so that this module needs no Triton: th
 from __future__ import annotations
 
 from ..forest import ForestStats
-from ..prefix_cache import PrefixCache
+from ..engine.prefix_cache import PrefixCache
 
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64]
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]

@@ -1,7 +1,7 @@
 """Prefix KV cache: keys and values of shared prefixes kept across batches, under a byte budget.
 
 Entries are prefix *blocks*: the system prompt and the material are cut into blocks of
-`kv_block_tokens` (forest.py), and each block is keyed by a content hash chained to its parent's,
+`kv_block_tokens` (forest_builder.py), and each block is keyed by a content hash chained to its parent's,
     key(block) = sha256(key(parent) + its token ids),
 so a key names the whole prefix up to and including the block. A hit returns the block's K/V for
 every layer, exactly as computed before (fp32, bit-for-bit), so reusing it gives the same

@@ -1,0 +1,191 @@
+"""SmoothQuant calibration, in one place: the fixed prompts, the fp32 forward that measures the
+activation statistics (model/smoothing.py holds the statistics' maths and their folding into the
+weights), and the disk cache that computes them once per checkpoint.
+
+The prompts: chat-formatted decision prompts over a few documents of the kinds Prism serves. Fixed
+text, shipped with the package, distinct from the eval sets, so the smoothed weights are
+reproducible.
+
+The cache: the statistics are a pure function of the checkpoint, Prism's code and the libraries
+that run its fp32 forward, so a stored copy is what a new computation would give, bit for bit --
+provided the copy is keyed by all of them. The key hashes: config.json, the name, size and
+modification time of every *.safetensors file (not their contents: hashing a 14 GB checkpoint on
+every start would cost more than calibrating), the source of the prism_backend package, the torch
+and transformers versions and the CPU's vector capability (MKL's strict CNR mode reproduces a
+product only on one code path). Anything else -- another checkpoint, an edited module, another
+torch -- misses and calibrates again. Why it matters: an int8 engine build spends ~5 s of its ~14 s
+in the calibration forward (one thread, SmolLM2 on a 2-core EPYC), and every server start, model
+load, instance, tensor-parallel rank 0 and healed stub builds one.
+
+Where: PRISM_CALIBRATION_CACHE if set ("off" disables the cache), else $XDG_CACHE_HOME/prism/
+calibration or ~/.cache/prism/calibration; a folder that cannot be written is skipped silently
+(the statistics are then computed, as without a cache). Files are written to a temporary name and
+renamed, so instances starting together never read a partial file.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+import prism_backend
+
+from ..config import EngineConfig
+from ..forest import EncodedRequest
+from ..model.loader import ModelSpec, load_model
+from ..model.transformer import ForestTransformer
+from ..reproducibility import torch_threads
+from ..text.prompt import render_prompt
+from ..text.tasks import Task
+from .forest_builder import build_forest
+
+# ---- the prompts ---------------------------------------------------------------------------------
+DOCUMENTS = [
+    "Subject: Cannot download invoices\n\nHi, since Monday the invoice download button in the billing area "
+    "returns an error 500. Our accountant needs the PDFs for the quarterly close on Friday. Thanks, Ola",
+    "Subject: URGENT production outage\n\nAll API calls from our EU cluster time out since 03:10 UTC. "
+    "Checkout is down for every customer and we are losing around 12,000 EUR per hour. Please call us now!",
+    "Clause 7.2: The Supplier shall indemnify the Customer against all third-party claims arising from "
+    "a breach of data protection law, without limitation of liability.",
+    "Transaction 88-1192: 3 purchases of 499.00 USD at an electronics retailer in Lagos within 4 minutes, "
+    "card issued in Norway, last domestic purchase 20 minutes earlier in Oslo.",
+    "lol this update is trash, whoever designed the new menu should be fired. anyway does anyone know how "
+    "to get the old layout back??",
+    "MINUTES - Product council, 14 May. Attendees: R. Iyer, M. Okafor, S. Lindqvist. 1) Q3 roadmap approved. "
+    "2) Pricing change postponed to July. Action: M. Okafor to draft the customer announcement.",
+]
+SYSTEM = "You are a careful decision assistant."
+TASK = Task("calibration", None, "Which category fits best?", ("Billing", "Technical problem", "Legal", "Other"))
+
+
+def calibration_requests(tokenizer) -> list[EncodedRequest]:
+    """One single-branch request per document (the whole prompt, rendered as every decision prompt
+    is, as the branch). Only the forward's activations matter: the candidates are placeholders."""
+    requests = []
+    for doc in DOCUMENTS:
+        ids = tuple(tokenizer(render_prompt(tokenizer, SYSTEM, doc, TASK), add_special_tokens=False)["input_ids"])
+        requests.append(EncodedRequest((), (), (ids,), ((0, 1),)))
+    return requests
+
+
+# ---- the forward ---------------------------------------------------------------------------------
+def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
+    """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts,
+    stored on disk for the next build of the same checkpoint and code (the cache below).
+    full_model: (spec, weights) of the whole checkpoint; loaded here, only on a miss, if not given."""
+    stored = entry(config.model_dir)
+    stats = load(stored)
+    if stats is None:
+        spec, weights = full_model or load_model(config.model_dir)
+        stats = _calibrate(config, spec, weights)
+        store(stored, stats)
+    return stats
+
+
+def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from ..model.smoothing import calibrate
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
+    forests = [build_forest([r], block_tokens=spec.max_context) for r in calibration_requests(tokenizer)]
+    # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
+    # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
+    with torch_threads(1):
+        return calibrate(ForestTransformer(spec, weights), forests)  # the default: plain fp32
+
+
+# ---- the cache -----------------------------------------------------------------------------------
+PACKAGE_ROOT = Path(prism_backend.__file__).resolve().parent
+OFF = "off"
+
+
+def cache_dir() -> Path | None:
+    """The folder of stored statistics, or None when PRISM_CALIBRATION_CACHE=off."""
+    chosen = os.environ.get("PRISM_CALIBRATION_CACHE", "")
+    if chosen == OFF:
+        return None
+    if chosen:
+        return Path(chosen)
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "calibration"
+    except RuntimeError:  # no home directory (a service account): no cache
+        return None
+
+
+def _source_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(model_dir: Path) -> str:
+    """What the statistics depend on, hashed (see the module docstring)."""
+    import transformers
+
+    model_dir = Path(model_dir)
+    parts = {
+        "config": (model_dir / "config.json").read_text(),
+        "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(model_dir.glob("*.safetensors"))],
+        "source": _source_digest(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _to_tensors(stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"{layer}.{name}": t.contiguous() for layer, entry in enumerate(stats) for name, t in entry.items()}
+
+
+def _from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    stats: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        layer, name = key.split(".", 1)
+        stats.setdefault(int(layer), {})[name] = t
+    return [stats[i] for i in range(len(stats))]
+
+
+def entry(model_dir: Path) -> Path | None:
+    """The file that holds (or will hold) this checkpoint's statistics for this code, or None when
+    the cache is off. Computed once per build: it hashes the package source."""
+    folder = cache_dir()
+    return None if folder is None else folder / f"{cache_key(model_dir)}.safetensors"
+
+
+def load(path: Path | None) -> list[dict[str, torch.Tensor]] | None:
+    """The statistics stored at `path` (entry()), or None (no cache, a miss, an unreadable file)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if path is None:
+        return None
+    try:
+        return _from_tensors(load_file(path))
+    except (OSError, SafetensorError, ValueError, KeyError):
+        return None  # missing or damaged: calibrate again (and store a good copy)
+
+
+def store(path: Path | None, stats: list[dict[str, torch.Tensor]]) -> Path | None:
+    """Keep `stats` at `path` (entry()) for the next process; the path, or None where nothing could be written."""
+    from safetensors.torch import save_file
+
+    if path is None:
+        return None
+    partial = path.parent / f".{path.name}.{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(_to_tensors(stats), partial)
+        os.replace(partial, path)  # atomic: a concurrent reader sees the old state or the whole file
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        return None
+    return path
