@@ -24,7 +24,7 @@ $(VENV)/.deps-installed: pyproject.toml | $(PY)
 	touch $@
 
 # From Debian: libb64 (perf_analyzer, from tritonclient, links it), nginx (the router of
-# `prism serve --replicas N`, client/router.py) and prometheus (its promtool checks deploy/prometheus/).
+# `prism serve --replicas N`, prism_launcher/router.py) and prometheus (its promtool checks deploy/prometheus/).
 # Depends on the Makefile so that a package added here is installed on machines set up before.
 DEBIAN_PACKAGES := libb64-0d nginx prometheus g++
 $(VENV)/.debian-packages: Makefile | $(PY)

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from kernels.cpu_features import cpu_kind  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
-from prism_client.cluster import PrismCluster  # noqa: E402
-from prism_client.router import RouterOptions  # noqa: E402
-from prism_client.server import ServerOptions  # noqa: E402
+from prism_launcher.cluster import PrismCluster  # noqa: E402
+from prism_launcher.router import RouterOptions  # noqa: E402
+from prism_launcher.server import ServerOptions  # noqa: E402
 from workloads import SAMPLE_TICKET, eval_tickets, support_threads, write_result  # noqa: E402
 
 

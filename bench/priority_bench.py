@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from kernels.cpu_features import cpu_kind  # noqa: E402
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
-from prism_client.server import ServerOptions, TritonServer  # noqa: E402
+from prism_launcher.server import ServerOptions, TritonServer  # noqa: E402
 from workloads import eval_tickets, support_threads, write_result  # noqa: E402
 
 

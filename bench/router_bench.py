@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from prism_backend.processes import free_port  # noqa: E402
 from prism_client.client import PrismClient  # noqa: E402
-from prism_client.cluster import PrismCluster  # noqa: E402
-from prism_client.router import RouterOptions  # noqa: E402
-from prism_client.server import ServerOptions  # noqa: E402
+from prism_launcher.cluster import PrismCluster  # noqa: E402
+from prism_launcher.router import RouterOptions  # noqa: E402
+from prism_launcher.server import ServerOptions  # noqa: E402
 from workloads import support_threads, write_result  # noqa: E402
 
 TASKS = ["team", "severity", "reply_time"]

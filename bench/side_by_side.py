@@ -47,7 +47,7 @@ from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # 
 from prism_backend.processes import free_port  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 from prism_client.client import PrismClient  # noqa: E402
-from prism_client.server import ServerOptions, TritonServer  # noqa: E402
+from prism_launcher.server import ServerOptions, TritonServer  # noqa: E402
 
 CPUS = sorted(os.sched_getaffinity(0))  # `taskset -c 1 ...` runs every engine on core 1 only
 THREADS = len(CPUS)

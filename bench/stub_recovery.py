@@ -22,7 +22,7 @@ from conftest import SAMPLE_TICKET  # noqa: E402
 from test_cluster import Cluster, stop_cleanly  # noqa: E402
 
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
-from prism_client.server import python_stubs  # noqa: E402
+from prism_launcher.server import python_stubs  # noqa: E402
 
 
 def main() -> None:

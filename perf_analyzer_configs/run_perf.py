@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from workloads import shared_workload, unshared_workload  # noqa: E402
 
 from prism_backend.processes import free_port  # noqa: E402
-from prism_client.server import ServerOptions, TritonServer, _package_dir  # noqa: E402
+from prism_launcher.server import ServerOptions, TritonServer, _package_dir  # noqa: E402
 
 WORKLOADS = {"shared": shared_workload, "unshared": unshared_workload}
 

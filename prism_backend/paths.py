@@ -12,6 +12,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 REGISTRY_FILE = "tasks.json"  # the task registry's name inside the tokenizer model's version directory
 REGISTRY_PATH = MODEL_REPOSITORY / "prism_tokenizer" / "1" / REGISTRY_FILE
-# The embedded model converted to safetensors (embedded_model.py); Makefile's MODEL_DIR and the
+# The embedded model converted to safetensors (prism_launcher/embedded_model.py); Makefile's MODEL_DIR and the
 # config.pbtxt defaults (../../.models/...) name the same directory.
 DEFAULT_MODEL_DIR = REPO_ROOT / ".models" / "SmolLM2-135M-Instruct"

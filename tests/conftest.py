@@ -19,14 +19,14 @@ import pytest
 from prism_backend.config import EngineConfig
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, REPO_ROOT
 from prism_backend.processes import free_port  # noqa: F401 (for the tests)
-from prism_client.server import ServerOptions, TritonServer
+from prism_launcher.server import ServerOptions, TritonServer
 SAMPLE_TICKET = (REPO_ROOT / "samples" / "ticket.txt").read_text(encoding="utf-8")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from prism_backend.model.embedded_model import ensure_embedded_model
+    from prism_launcher.embedded_model import ensure_embedded_model
 
     return ensure_embedded_model(DEFAULT_MODEL_DIR)
 

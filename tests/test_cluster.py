@@ -24,9 +24,9 @@ import pytest
 from conftest import REPO_ROOT, free_port, processes_with, wait_for
 from test_server import metric, scrape_url
 from prism_client.client import ROUTE_HEADER, PrismClient, route_key
-from prism_client.cluster import PrismCluster
-from prism_client.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
-from prism_client.server import python_stubs, stop_with_parent
+from prism_launcher.cluster import PrismCluster
+from prism_launcher.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
+from prism_launcher.server import python_stubs, stop_with_parent
 from prism_backend.config import ConfigError
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -102,7 +102,7 @@ def test_router_dies_with_its_launcher(tmp_path):
     script = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from prism_client.router import NginxRouter, Replica, RouterOptions\n"
+        "from prism_launcher.router import NginxRouter, Replica, RouterOptions\n"
         f"r = NginxRouter([Replica('127.0.0.1:9', '127.0.0.1:10')], RouterOptions("
         f"http_listen='127.0.0.1:{free_port()}', grpc_listen='127.0.0.1:{free_port()}'), Path(sys.argv[1]))\n"
         "r.start()\n"
@@ -125,7 +125,7 @@ def test_router_dies_with_its_launcher(tmp_path):
 def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(tmp_path):
     import yaml
 
-    from prism_client.kubernetes import COMMITTED, manifest
+    from prism_launcher.kubernetes import COMMITTED, manifest
 
     assert COMMITTED.read_text() == manifest(2)  # regenerate with `prism k8s --replicas 2`
     docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(manifest(3))}
@@ -140,7 +140,7 @@ def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(
     local = local.replace("prism-1.prism.default.svc.cluster.local", "127.0.0.2")
     local = local.replace("prism-2.prism.default.svc.cluster.local", "127.0.0.3")
     (tmp_path / "nginx.conf").write_text(local)
-    from prism_client.router import nginx_binary
+    from prism_launcher.router import nginx_binary
 
     check = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                            capture_output=True, text=True)
@@ -169,7 +169,7 @@ class Cluster:
         self.stderr_path = REPO_ROOT / ".run" / f"cluster-cli-{self.http_port}.log"
         self.stderr_path.parent.mkdir(exist_ok=True)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "prism_client.cli", "serve", "--replicas", str(replicas),
+            [sys.executable, "-m", "prism_launcher.cli", "serve", "--replicas", str(replicas),
              "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
              "--metrics-port", str(self.metrics_port), "--ready-timeout", "900", *args],
             stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
@@ -368,7 +368,7 @@ def test_urgent_lane_is_accepted_end_to_end(cluster):
     with urllib.request.urlopen(request) as response:
         decision = json.loads(json.loads(response.read())["outputs"][0]["data"][0])
     assert decision["probabilities"] == normal.probabilities
-    cli = subprocess.run([sys.executable, "-m", "prism_client.cli", "decide", "--material",
+    cli = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "decide", "--material",
                           str(REPO_ROOT / "samples" / "ticket.txt"), "--task", "team", "--urgent", "--json",
                           "--url", cluster.url], capture_output=True, text=True, cwd=REPO_ROOT)
     assert cli.returncode == 0, cli.stderr

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from prism_backend.config import ConfigError, EngineConfig
-from prism_client.server import (
+from prism_launcher.server import (
     MODEL_REPOSITORY, ServerOptions, render_model_repository, set_instance_count, set_parameter,
 )
 
@@ -79,6 +79,6 @@ def test_set_parameter_requires_existing_key():
     (["--http-port", "9000", "--grpc-port", "9000"], "must differ"),
 ])
 def test_serve_rejects_unsupported_flags(args, message, model_dir):
-    done = subprocess.run([sys.executable, "-m", "prism_client.cli", "serve", *args],
+    done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "serve", *args],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr

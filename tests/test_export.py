@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from prism_client.client import PrismClient, PrismError
-from prism_client.export import ENV_ARCHIVE, MANIFEST, PARAMETER, export_repository
-from prism_client.server import REPO_ROOT, triton_install, wait_until_serving
+from prism_launcher.export import ENV_ARCHIVE, MANIFEST, PARAMETER, export_repository
+from prism_launcher.server import REPO_ROOT, triton_install, wait_until_serving
 
 from conftest import SAMPLE_TICKET, free_port
 
@@ -154,7 +154,7 @@ def test_two_exports_are_identical(tmp_path, exported):
     flags = ["--precision", "int8", "--instances", "2", "--parameter", "prefix_cache_bytes=0"]
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
-        done = subprocess.run([sys.executable, "-m", "prism_client.cli", "export-repository", str(out), *flags],
+        done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "export-repository", str(out), *flags],
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
     a, b = (tree_digest(out) for out in outs)
@@ -166,7 +166,7 @@ def test_two_exports_are_identical(tmp_path, exported):
 
 
 def test_export_refuses_an_unknown_parameter(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "prism_client.cli", "export-repository", str(tmp_path / "x"),
+    done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "export-repository", str(tmp_path / "x"),
                            "--parameter", "no_such_knob=1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no_such_knob" in done.stderr
     assert not (tmp_path / "x").exists()
@@ -174,13 +174,13 @@ def test_export_refuses_an_unknown_parameter(tmp_path):
 
 def test_prism_serve_takes_an_exported_repository_as_it_is(tmp_path):
     """`prism serve --repository DIR` starts tritonserver on DIR itself: nothing rendered, nothing copied."""
-    from prism_client.server import ServerOptions, TritonServer
+    from prism_launcher.server import ServerOptions, TritonServer
 
     (tmp_path / "repo" / "prism").mkdir(parents=True)
     (tmp_path / "repo" / "prism" / "config.pbtxt").write_text('name: "prism"\n')
     server = TritonServer(ServerOptions(repository=tmp_path / "repo"), workdir=tmp_path / "work")
     assert f"--model-repository={(tmp_path / 'repo').resolve()}" in server.command()
     assert not (tmp_path / "work" / "model_repository").exists()
-    done = subprocess.run([sys.executable, "-m", "prism_client.cli", "serve", "--repository", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "serve", "--repository", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "holds no Prism model repository" in done.stderr

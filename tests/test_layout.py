@@ -4,29 +4,50 @@ and no module imports itself back through another (lazy imports inside functions
     serving  ->  engine  ->  text  ->  model  ->  kernels
     (config, errors, forest, prefix_cache, paths, processes, reproducibility at the top of
     prism_backend: importable by all)
+
+Around the engine: prism_launcher (`prism`, the server launcher and operations) may import the
+engine and the client; prism_client (the client library) imports neither the engine nor torch nor
+the launcher, so `prism health` and `prism decide` run without them; the engine imports nothing of
+the launcher and, of the client, only a leaf module that needs numpy alone (the bits' digest).
 """
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "prism_backend"
+from conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "prism_backend"
+CLIENT = ROOT / "prism_client"
+LAUNCHER = ROOT / "prism_launcher"
 # Higher layers may import lower ones; the shared top-level modules import only each other.
 LAYERS = {"": 0, "model": 1, "text": 2, "engine": 3, "serving": 4}
 KERNELS_USERS = {"model"}  # the Triton-lang kernels are the model's business alone
+# Besides the standard library and itself, the client imports only these (tritonclient, lazily).
+CLIENT_DEPENDENCIES = {"numpy", "tritonclient"}
+# What the engine may import of the client: leaf modules of the standard library and numpy alone
+# (an exported repository carries prism_client for them: prism_launcher/export.py).
+ENGINE_FROM_CLIENT = {"prism_client.determinism"}
+# Loaded by importing the engine: none may be in a process that ran only client commands.
+ENGINE_SIDE = ("torch", "transformers", "prism_backend", "kernels")
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module `path` imports, at any depth of the file (lazy imports count)."""
+def imports_of(path: Path, lazy: bool = True) -> set[str]:
+    """Every module `path` imports, at any depth of the file (lazy imports count), or with
+    lazy=False only at the top of the module (what importing it runs)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree) if lazy else tree.body:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -90,5 +111,85 @@ def test_no_import_cycles():
 
 
 def test_kernels_import_nothing_of_prism():
-    for path in (PACKAGE.parent / "kernels").glob("*.py"):
-        assert not any(m.startswith(("prism_backend", "prism_client")) for m in imports_of(path)), path
+    for path in (ROOT / "kernels").glob("*.py"):
+        assert not any(m.startswith(("prism_backend", "prism_client", "prism_launcher")) for m in imports_of(path)), path
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_client_imports_neither_engine_nor_launcher():
+    """Not torch, prism_backend, kernels or prism_launcher, nor anything but the standard library,
+    numpy and tritonclient, at any depth of any of its modules."""
+    allowed = set(sys.stdlib_module_names) | CLIENT_DEPENDENCIES | {"prism_client"}
+    found = [f"{module_name(path)} imports {target}"
+             for path in sorted(CLIENT.rglob("*.py")) for target in imports_of(path) if top(target) not in allowed]
+    assert not found, "\n".join(sorted(found))
+
+
+def test_engine_imports_only_leaf_modules_of_the_client_and_nothing_of_the_launcher():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for target in imports_of(path):
+            if top(target) == "prism_launcher" or (
+                    top(target) == "prism_client"
+                    and not any(target == m or target.startswith(m + ".") for m in ENGINE_FROM_CLIENT)):
+                found.append(f"{module_name(path)} imports {target}")
+    for module in sorted(ENGINE_FROM_CLIENT):
+        path = ROOT / (module.replace(".", "/") + ".py")
+        found += [f"{module} (imported by the engine) imports {target}" for target in imports_of(path)
+                  if top(target) not in set(sys.stdlib_module_names) | {"numpy"}]
+    assert not found, "\n".join(sorted(found))
+
+
+def test_launcher_cli_imports_the_engine_lazily():
+    """Importing prism_launcher.cli (the `prism` console script) loads only the client's side: the
+    launcher's modules and the engine are imported inside the commands that need them."""
+    found = [target for target in imports_of(LAUNCHER / "cli.py", lazy=False)
+             if top(target) not in set(sys.stdlib_module_names) | {"prism_client"}]
+    assert not found, found
+
+
+def python(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+LOADED_ENGINE_SIDE = f"sorted(m for m in sys.modules if m.split('.')[0] in {ENGINE_SIDE!r})"
+
+
+def test_client_modules_load_without_torch():
+    done = python("-c", "import sys\n"
+                        "import prism_client, prism_client.client, prism_client.cli, prism_client.determinism, "
+                        "prism_client.determinism_check\n"
+                        f"print({LOADED_ENGINE_SIDE})")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"the client loaded the engine's side: {done.stdout}"
+
+
+def test_prism_health_runs_without_torch():
+    """`prism health` (the Kubernetes probe) as the console script runs it, prism_launcher.cli:main,
+    against a closed port: it reports unhealthy, with neither torch nor the engine loaded."""
+    done = python("-c", "import sys\n"
+                        "from prism_launcher.cli import main\n"
+                        f"code = main(['health', '--url', '127.0.0.1:{free_port()}', '--timeout', '10'])\n"
+                        f"print(code, {LOADED_ENGINE_SIDE}, sorted(m for m in sys.modules if m.startswith('prism_launcher')))")
+    assert done.stdout == "1 [] ['prism_launcher', 'prism_launcher.cli']\n", done.stdout + done.stderr
+    assert "unhealthy" in done.stderr
+
+
+def test_python_m_prism_client_health_runs_without_torch():
+    """The client's commands alone: `python -m prism_client health`, every import it makes listed."""
+    done = python("-X", "importtime", "-m", "prism_client", "health", "--url", f"127.0.0.1:{free_port()}",
+                  "--timeout", "10")
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "prism_client.client" in imported, done.stderr[-2000:]
+    assert not {m for m in imported if top(m) in ENGINE_SIDE + ("prism_launcher",)}, sorted(imported)
+    assert done.returncode == 1 and "unhealthy" in done.stderr
+
+
+def test_prism_console_script_is_the_launcher_cli():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"prism": "prism_launcher.cli:main"}

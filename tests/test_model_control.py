@@ -10,8 +10,8 @@ from pathlib import Path
 import tritonclient.http as httpclient
 
 from prism_client.client import PrismClient
-from prism_client.security import ADMIN_HEADER
-from prism_client.server import ServerOptions, TritonServer, python_stubs
+from prism_launcher.security import ADMIN_HEADER
+from prism_launcher.server import ServerOptions, TritonServer, python_stubs
 
 from conftest import SAMPLE_TICKET, free_port, wait_for
 
@@ -51,7 +51,7 @@ def test_server_stops_when_its_launcher_dies(model_dir, tmp_path):
     script.write_text(
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from prism_client.server import ServerOptions, TritonServer\n"
+        "from prism_launcher.server import ServerOptions, TritonServer\n"
         f"s = TritonServer(ServerOptions(http_port={http_port}, grpc_port={free_port()}, "
         f"metrics_port={free_port()}, model_dir=Path({str(model_dir)!r}))).start()\n"
         "print(s.process.pid, flush=True)\n"

@@ -28,10 +28,10 @@ from conftest import REGISTRY, REPO_ROOT, SAMPLE_TICKET, free_port, wait_for
 from prism_backend.config import ConfigError
 from prism_client.client import (ROUTE_HEADER, PrismClient, PrismError, PrismOverloaded, retry_delay, retry_delays,
                                  server_error)
-from prism_client.router import (DEFAULT_MAX_REQUEST_BYTES, NO_REPLICA_RETRY_AFTER_S, NginxRouter, Replica, RouterOptions,
+from prism_launcher.router import (DEFAULT_MAX_REQUEST_BYTES, NO_REPLICA_RETRY_AFTER_S, NginxRouter, Replica, RouterOptions,
                                  read_access_log)
-from prism_client.security import ADMIN_HEADER, TRITON_GRPC_ADMIN_HEADER
-from prism_client.server import python_stubs
+from prism_launcher.security import ADMIN_HEADER, TRITON_GRPC_ADMIN_HEADER
+from prism_launcher.server import python_stubs
 from test_cluster import TICKETS, Cluster, exit_timeouts, stop_cleanly
 
 TOKEN = "test-admin-token-0123456789"
@@ -332,7 +332,7 @@ def test_prism_health_probe(front):
     import sys
 
     def health(url):
-        return subprocess.run([sys.executable, "-m", "prism_client.cli", "health", "--url", url, "--timeout", "60"],
+        return subprocess.run([sys.executable, "-m", "prism_launcher.cli", "health", "--url", url, "--timeout", "60"],
                               capture_output=True, text=True, cwd=REPO_ROOT)
 
     assert health(front.url).returncode == 0

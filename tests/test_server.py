@@ -101,7 +101,7 @@ def test_plain_http_json_request(server):
 
 def test_cli_decide_prints_table(server):
     out = subprocess.run(
-        [sys.executable, "-m", "prism_client.cli", "decide", "--material", str(REPO_ROOT / "samples" / "ticket.txt"),
+        [sys.executable, "-m", "prism_launcher.cli", "decide", "--material", str(REPO_ROOT / "samples" / "ticket.txt"),
          "--task", "severity", "--task", "team", "--url", f"localhost:{server.options.http_port}"],
         capture_output=True, text=True, check=True,
     ).stdout
@@ -110,7 +110,7 @@ def test_cli_decide_prints_table(server):
 
 def test_cli_reports_server_error(server):
     done = subprocess.run(
-        [sys.executable, "-m", "prism_client.cli", "decide", "--material", str(REPO_ROOT / "samples" / "ticket.txt"),
+        [sys.executable, "-m", "prism_client", "decide", "--material", str(REPO_ROOT / "samples" / "ticket.txt"),
          "--task", "nope", "--grpc", "--url", f"localhost:{server.options.grpc_port}"],
         capture_output=True, text=True,
     )

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from prism_backend.reproducibility import torch_threads
-from prism_backend.serving.determinism import CHECK_REQUESTS, digest
 from prism_backend.serving.pipeline import DecisionPipeline
 from prism_client.client import PrismClient
-from prism_client.server import ServerOptions, TritonServer
+from prism_client.determinism import CHECK_REQUESTS, digest
+from prism_launcher.server import ServerOptions, TritonServer
 
 from conftest import REGISTRY, REPO_ROOT, free_port
 from test_server import metric, scrape
@@ -29,7 +29,7 @@ def int8_server(request, model_dir):
 
 def test_determinism_check_command(int8_server):
     done = subprocess.run(
-        [sys.executable, "-m", "prism_client.cli", "determinism-check",
+        [sys.executable, "-m", "prism_client", "determinism-check",
          "--url", f"localhost:{int8_server.options.http_port}", "--rounds", "2"],
         capture_output=True, text=True, timeout=600,
     )

@@ -13,8 +13,8 @@ from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.errors import EngineUnavailable
 from prism_backend.serving.pipeline import DecisionPipeline
 from prism_client.client import PrismClient, PrismError
-from prism_client.security import ADMIN_HEADER
-from prism_client.server import ServerOptions, TritonServer
+from prism_launcher.security import ADMIN_HEADER
+from prism_launcher.server import ServerOptions, TritonServer
 
 from conftest import REGISTRY, SAMPLE_TICKET, free_port, processes_with, wait_for
 

@@ -1,36 +1,17 @@
-"""The determinism check: the same requests must give the same float32 bytes however they are
-batched. Used by the server's startup self-check, by `prism determinism-check` and by the tests.
+"""The engine's determinism self-check: the same requests must give the same float32 bytes however
+they are batched, and at any thread count. Run by the server at startup and by the tests.
+
+The digest of a request's probabilities is the client's (prism_client/determinism.py, a leaf module
+of numpy alone), so the engine and `prism determinism-check` compare bits the same way; the fixed
+request set that check sends (CHECK_REQUESTS) lives there too.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 
+from prism_client.determinism import digest
+
 from ..forest import EncodedRequest
-
-_INLINE = json.dumps({"question": "Does the customer mention money?", "options": ["Yes", "No", "Unclear"]})
-
-# A fixed set: shared tickets, unrelated tickets, registered and inline tasks.
-CHECK_REQUESTS = [
-    {"material": "Checkout fails with error PX-502 for all EU customers since this morning. "
-                 "We lose 4,000 EUR per hour.", "tasks": ["team", "severity", "reply_time"]},
-    {"material": "I was charged twice for my annual plan, please refund one charge.", "tasks": ["team", _INLINE]},
-    {"material": "Checkout fails with error PX-502 for all EU customers since this morning. "
-                 "We lose 4,000 EUR per hour.", "tasks": ["severity"]},
-    {"material": "Could you send a quote for 250 more seats?", "tasks": ["reply_time", "team"]},
-    {"material": "The app crashes when I upload a photo on Android 14.", "tasks": ["severity", _INLINE]},
-]
-
-
-def digest(probabilities: list[np.ndarray]) -> str:
-    """sha256 over the float32 bytes of one request's probabilities, task by task."""
-    h = hashlib.sha256()
-    for p in probabilities:
-        h.update(np.asarray(p, dtype=np.float32).tobytes())
-        h.update(b"|")
-    return h.hexdigest()
 
 
 def batchings(n: int) -> list[tuple[str, list[list[int]]]]:

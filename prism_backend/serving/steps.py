@@ -45,7 +45,7 @@ def numpy_inputs(get_tensor, request, names) -> dict:
 
 
 # Parameters Triton's Python backend reads itself, not the engine: EXECUTION_ENV_PATH names the
-# packed Python environment of an exported repository (client/export.py).
+# packed Python environment of an exported repository (prism_launcher/export.py).
 BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
 
 

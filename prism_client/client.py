@@ -15,7 +15,7 @@ import numpy as np
 MODEL_NAME = "prism"
 REQUEST_TIMEOUT_S = 300.0  # a first request may wait behind a cold instance's batch
 # Routing header: a hash of the system prompt and material. A router in front of several servers
-# (client/router.py: nginx, `hash ... consistent`) sends equal keys to the same server, whose prefix
+# (prism_launcher/router.py: nginx, `hash ... consistent`) sends equal keys to the same server, whose prefix
 # cache already holds that material's KV. Requests without it are balanced round-robin.
 ROUTE_HEADER = "x-prism-route"
 # The request parameter that puts a request in prism_decision's urgent lane (its scheduler serves
@@ -44,7 +44,7 @@ class PrismOverloaded(PrismError):
     """Retry later: the server could not answer within its bound (max_queue_wait_s), or no replica
     is up (restarting after a fault). HTTP 503 / gRPC UNAVAILABLE; nothing was decided. Also
     Triton's 500 for a dead Python-backend stub, in the instant before `prism serve`'s watchdog
-    notices it and restarts the replica (client/cluster.py). retry_after_s: the server's hint
+    notices it and restarts the replica (prism_launcher/cluster.py). retry_after_s: the server's hint
     ("retry after N s" in its message), or None."""
 
     def __init__(self, message: str, status: str | None = None):

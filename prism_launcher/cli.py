@@ -1,19 +1,20 @@
-"""The `prism` command line: serve, decide, setup."""
+"""The `prism` command line: the launcher's commands (setup, serve, export-repository, k8s, bench)
+and the client's (decide, determinism-check, health: prism_client/cli.py).
+
+The client's commands only talk HTTP/gRPC: `main` hands them to prism_client before anything of the
+engine is imported, so `prism health` (the Kubernetes probe, every few seconds) and `prism decide`
+never load prism_backend and torch. The launcher's commands import the engine's configuration and
+the launcher's modules inside the functions, for the same reason (tests/test_layout.py checks it).
+"""
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
-from prism_backend.config import PRECISIONS, ConfigError
-from prism_backend.paths import DEFAULT_MODEL_DIR
-
-from .router import BALANCES, DEFAULT_MAX_REQUEST_BYTES
-from .security import ADMIN_HEADER, ADMIN_TOKEN_ENV, admin_token_from_environment, validate_admin_token
-from .server import LOOPBACK, READY_TIMEOUT_S, ServerOptions
+from prism_client import cli as client_cli
 
 WATCH_INTERVAL_S = 0.25  # how often `prism serve` checks its replicas (and their stubs) are alive
 
@@ -27,8 +28,10 @@ def _positive_int(text: str) -> int:
 
 def ensure_model(model_dir: Path) -> Path:
     """The embedded model is converted on first use; other model dirs must already exist."""
+    from prism_backend.paths import DEFAULT_MODEL_DIR
+
     if Path(model_dir).resolve() == DEFAULT_MODEL_DIR.resolve():
-        from prism_backend.model.embedded_model import ensure_embedded_model
+        from .embedded_model import ensure_embedded_model
 
         ensure_embedded_model(DEFAULT_MODEL_DIR)
     return Path(model_dir)
@@ -45,6 +48,8 @@ def cmd_serve(args) -> int:
     restarted while the others keep serving (PrismCluster.heal)."""
     from .cluster import PrismCluster
     from .router import RouterOptions
+    from .security import admin_token_from_environment, validate_admin_token
+    from .server import LOOPBACK
 
     token = validate_admin_token(args.admin_token) if args.admin_token else admin_token_from_environment()
     options = _repository_options(args, http_port=args.http_port, grpc_port=args.grpc_port,
@@ -96,64 +101,14 @@ def _stop_on_signals() -> dict:
     return stop
 
 
-def cmd_decide(args) -> int:
-    from .client import PrismClient, PrismError
-
-    material = Path(args.material).read_text(encoding="utf-8")
-    client = PrismClient(args.url or ("localhost:8001" if args.grpc else "localhost:8000"),
-                         "grpc" if args.grpc else "http")
-    try:
-        decisions = client.decide(material, args.task, system=args.system, urgent=args.urgent)
-    except PrismError as exc:
-        print(f"prism: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps([d.__dict__ for d in decisions], indent=2))
-        return 0
-    for d in decisions:
-        name = d.task if d.version is None else f"{d.task}@{d.version}"
-        print(f"{name}: {d.label}")
-        for option, p in d.probabilities.items():
-            marker = "*" if option == d.label else " "
-            print(f"  {marker} {p:7.2%}  {'#' * round(p * 30):<30}  {option}")
-    return 0
-
-
-HEALTH_PROBE_MATERIAL = "Health probe."
-
-
-def cmd_health(args) -> int:
-    """Exit 0 if the server at --url answers a small decision (or is merely overloaded: 503),
-    1 otherwise. For Kubernetes probes: Triton 2.51 keeps reporting ready with a dead stub, and
-    only a request shows it ("Stub process ... is not healthy")."""
-    from .client import PrismClient, PrismError, PrismOverloaded
-
-    client = PrismClient(args.url, timeout=args.timeout)
-    try:
-        client.decide(HEALTH_PROBE_MATERIAL, ["team"])
-    except PrismOverloaded:
-        return 0  # alive and busy: restarting it would only lose the queue
-    except PrismError as exc:
-        print(f"prism: unhealthy: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # refused connection, timeout...
-        print(f"prism: unhealthy: {exc!r}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_determinism_check(args) -> int:
-    from .determinism_check import run_check
-
-    url = args.url or ("localhost:8001" if args.grpc else "localhost:8000")
-    ok, rows = run_check(url, "grpc" if args.grpc else "http", rounds=args.rounds)
-    for setting, sent, mismatches in rows:
-        print(f"{setting:<28} {sent:>4} requests  {mismatches} mismatches")
-    print("determinism: bit-identical" if ok else "determinism: MISMATCH")
-    return 0 if ok else 1
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """Every command, the client's included (for --help); builds on the engine's configuration."""
+    from prism_backend.paths import DEFAULT_MODEL_DIR
+
+    from .router import BALANCES, DEFAULT_MAX_REQUEST_BYTES
+    from .security import ADMIN_HEADER, ADMIN_TOKEN_ENV
+    from .server import LOOPBACK, READY_TIMEOUT_S
+
     parser = argparse.ArgumentParser(prog="prism", description="Prism decision engine on Triton")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -190,29 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repository_flags(export)
     export.set_defaults(func=cmd_export_repository)
 
-    decide = sub.add_parser("decide", help="ask a running server for decisions about a document")
-    decide.add_argument("--material", required=True, help="file holding the document")
-    decide.add_argument("--task", action="append", required=True,
-                        help="registered task (team, severity@1) or inline JSON; repeat for several")
-    decide.add_argument("--system", default=None, help="replace the default system prompt")
-    decide.add_argument("--url", default=None, help="server address (default localhost:8000, gRPC 8001)")
-    decide.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
-    decide.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    decide.add_argument("--urgent", action="store_true",
-                        help="the urgent lane: served ahead of every queued non-urgent request")
-    decide.set_defaults(func=cmd_decide)
-
-    check = sub.add_parser("determinism-check",
-                           help="check a running server returns identical bits however requests are batched")
-    check.add_argument("--url", default=None, help="server address (default localhost:8000, gRPC 8001)")
-    check.add_argument("--grpc", action="store_true")
-    check.add_argument("--rounds", type=int, default=3, help="times each request is sent per concurrency")
-    check.set_defaults(func=cmd_determinism_check)
-
-    health = sub.add_parser("health", help="exit 0 if a server answers a small decision (Kubernetes probes)")
-    health.add_argument("--url", default="127.0.0.1:8000", help="HTTP address of the server")
-    health.add_argument("--timeout", type=float, default=20.0)
-    health.set_defaults(func=cmd_health)
+    client_cli.add_commands(sub)  # decide, determinism-check, health
 
     k8s = sub.add_parser("k8s", help="print the --replicas layout as Kubernetes manifests (router as entry point)")
     k8s.add_argument("--replicas", type=_positive_int, default=2)
@@ -229,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_repository_flags(parser: argparse.ArgumentParser) -> None:
     """How the model repository is rendered: the same flags for `serve` and `export-repository`."""
+    from prism_backend.config import PRECISIONS
+    from prism_backend.paths import DEFAULT_MODEL_DIR
+
     parser.add_argument("--precision", choices=PRECISIONS, default="int8")
     parser.add_argument("--instances", type=_positive_int, default=1, help="prism_decision instances (DP)")
     parser.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree per instance")
@@ -250,7 +186,10 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _repository_options(args, **server) -> ServerOptions:
+def _repository_options(args, **server):
+    """The ServerOptions the flags of _add_repository_flags describe."""
+    from .server import ServerOptions
+
     exported = server.get("repository") is not None  # it carries its own checkpoint
     return ServerOptions(precision=args.precision, instances=args.instances, tp=args.tp,
                          model_dir=args.model_dir if exported else ensure_model(args.model_dir),
@@ -287,7 +226,12 @@ def cmd_bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] and argv[0] in client_cli.COMMANDS:
+        return client_cli.main(argv, prog="prism")  # before anything of the engine is imported
     args = build_parser().parse_args(argv)
+    from prism_backend.config import ConfigError
+
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError) as exc:

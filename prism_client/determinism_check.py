@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 
-from prism_backend.serving.determinism import CHECK_REQUESTS, digest
-
 from .client import PrismClient
+from .determinism import CHECK_REQUESTS, digest
 
 
 def _digest_of(url: str, protocol: str, request: dict) -> str:

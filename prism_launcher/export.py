@@ -12,6 +12,7 @@ fleet with `tritonserver --model-repository=OUT`:
     OUT/prism_<step>/triton_python_backend_stub   built for the environment's Python
     OUT/prism_<step>/prism_backend/, kernels/     the engine; the stub puts the model's folder on sys.path
                                      (kernels/lib/: the AVX2 int16 GEMM, built here, for servers without g++)
+    OUT/prism_<step>/prism_client/   the engine's self-check digests bits with its determinism.py
     OUT/prism_<step>/1/              model.py (and tasks.json, the task registry), as in model_repository/
     OUT/prism_decision/checkpoint/   the weights
 
@@ -42,7 +43,9 @@ from .server import (ENGINE_MODELS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions,
 MANIFEST = "prism_export.json"
 ENV_ARCHIVE = "prism_env.tar.gz"
 CHECKPOINT = Path("prism_decision") / "checkpoint"
-ENGINE_PACKAGES = ("prism_backend", "kernels")  # what the model.py files import, besides the environment
+# What the model.py files import, besides the environment (prism_client: the engine's self-check
+# digests with prism_client/determinism.py, a leaf module of numpy alone)
+ENGINE_PACKAGES = ("prism_backend", "prism_client", "kernels")
 STUB = "triton_python_backend_stub"
 PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
 

@@ -1,7 +1,7 @@
 """A prefix-aware router in front of several Prism servers: nginx, configured by this module.
 
 Routing: the Prism client sets the header `x-prism-route` to a hash of the request's system prompt
-and material (client.route_key). nginx sends equal keys to the same replica with
+and material (prism_client.client.route_key). nginx sends equal keys to the same replica with
 `hash $http_x_prism_route consistent` (ketama: adding or removing a replica moves only that
 replica's share of the keys), so a ticket's follow-up questions land where its prefix KV is
 cached. Requests without the header go round-robin. Because Prism is deterministic, any replica
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from prism_backend.config import ConfigError
 
-from .client import ROUTE_HEADER
+from prism_client.client import ROUTE_HEADER
 from .security import (ADMIN_GRPC_METHODS, ADMIN_HEADER, ADMIN_HTTP_PATHS, TRITON_GRPC_ADMIN_HEADER,
                        validate_admin_token)
 from .server import stop_with_parent, wait_until_serving
@@ -176,7 +176,7 @@ def render_nginx_conf(replicas: list[Replica], options: RouterOptions, workdir: 
     grpc_proxy = _grpc_proxy(tries, options.read_timeout_s)
     infer = "|".join(re.escape(m) for m in PUBLIC_MODELS)
     return "\n".join([
-        "# Prism front, rendered by client/router.py: nginx in front of the Prism replicas, the only way in.",
+        "# Prism front, rendered by prism_launcher/router.py: nginx in front of the Prism replicas, the only way in.",
         "daemon off;",
         f"worker_processes {options.worker_processes};",
         *process,

@@ -34,7 +34,7 @@ READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the mod
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
 LOOPBACK = "127.0.0.1"
 # Environment of the models' processes, whoever starts them: server_environment here, the
-# execution environment's bin/activate in an exported repository (client/execution_env.py).
+# execution environment's bin/activate in an exported repository (prism_launcher/execution_env.py).
 MODEL_ENVIRONMENT = {
     "TOKENIZERS_PARALLELISM": "false",
     "MKL_CBWR": MKL_CBWR_ENV,  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
@@ -53,10 +53,10 @@ class ServerOptions:
     extra_parameters: dict[str, str] = field(default_factory=dict)  # prism_decision parameters
     model_control_explicit: bool = False
     max_batch_size: int | None = None  # prism_decision's; None keeps config.pbtxt's
-    servers_on_machine: int = 1  # replicas sharing these cores (client/cluster.py), for the thread share
+    servers_on_machine: int = 1  # replicas sharing these cores (prism_launcher/cluster.py), for the thread share
     admin_token: str | None = None  # Triton's admin APIs need it (security.py); None: closed to all
     max_queue_wait_s: float | None = None  # prism_decision's admission bound; None keeps config.pbtxt's
-    # An exported repository (client/export.py) to serve as it is, instead of rendering model_repository/
+    # An exported repository (prism_launcher/export.py) to serve as it is, instead of rendering model_repository/
     repository: Path | None = None
 
     def validate(self) -> None:
