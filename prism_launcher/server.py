@@ -7,6 +7,7 @@ chosen parameters (precision, instances, model directory) filled into the config
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -21,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism_backend.config import PRECISIONS, ConfigError
+from prism_backend.config import PRECISIONS, ConfigError, EngineConfig
 from prism_backend.paths import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, REPO_ROOT
 from prism_backend.processes import die_with_parent
 from prism_backend.reproducibility import MKL_CBWR_ENV
@@ -29,6 +30,8 @@ from prism_backend.reproducibility import MKL_CBWR_ENV
 from .security import triton_restriction_flags, validate_admin_token
 
 RUN_DIR = REPO_ROOT / ".run"
+# What set_parameter may write: the engine's knobs, and what Triton's Python backend reads itself.
+PARAMETER_KEYS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | {"EXECUTION_ENV_PATH"}
 STUB_DEATH_GRACE_S = 1.0  # a dead stub whose server exits within this was killed with it
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
@@ -84,11 +87,17 @@ class ServerOptions:
 
 
 def set_parameter(config_text: str, key: str, value: str) -> str:
-    """Replace the value of an existing `parameters { key: ... }` entry of a config.pbtxt."""
+    """Set a `parameters { key: ... }` entry of a config.pbtxt: replace its value, or add the entry.
+    config.pbtxt carries only what a deployment overrides (prism_backend/config.py holds every
+    default), so most keys are added here. Only keys the engine knows (EngineConfig) may be set."""
+    if key not in PARAMETER_KEYS:
+        raise ConfigError(f"unknown parameter {key!r}; known: {sorted(PARAMETER_KEYS)}")
     pattern = re.compile(r'(parameters\s*\{\s*key:\s*"%s"\s*value:\s*\{\s*string_value:\s*")[^"]*(")' % re.escape(key))
     new_text, count = pattern.subn(lambda m: m.group(1) + value + m.group(2), config_text)
-    if count != 1:
-        raise ConfigError(f"config.pbtxt has {count} parameter entries for {key!r}; expected exactly 1")
+    if count > 1:
+        raise ConfigError(f"config.pbtxt has {count} parameter entries for {key!r}; expected at most 1")
+    if count == 0:
+        new_text = config_text.rstrip("\n") + f'\nparameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
     return new_text
 
 

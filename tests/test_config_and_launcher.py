@@ -64,9 +64,24 @@ def test_render_sets_max_batch_size_and_the_queue_bound(tmp_path, model_dir):
         ServerOptions(model_dir=model_dir, servers_on_machine=0).validate()
 
 
-def test_set_parameter_requires_existing_key():
-    with pytest.raises(ConfigError, match="'nope'"):
-        set_parameter('parameters { key: "a" value: { string_value: "1" } }', "nope", "2")
+def test_set_parameter_replaces_or_adds_known_keys_only():
+    """config.pbtxt carries only overrides: a known key is replaced or added, an unknown one refused."""
+    text = 'name: "x"\nparameters { key: "max_candidates" value: { string_value: "8" } }\n'
+    assert set_parameter(text, "max_candidates", "12").count('string_value: "12"') == 1
+    added = set_parameter(text, "prefix_cache_bytes", "0")
+    assert 'parameters { key: "prefix_cache_bytes" value: { string_value: "0" } }' in added
+    assert set_parameter(added, "prefix_cache_bytes", "5").count("prefix_cache_bytes") == 1
+    with pytest.raises(ConfigError, match="unknown parameter 'nope'"):
+        set_parameter(text, "nope", "2")
+
+
+def test_the_repository_writes_no_default_twice():
+    """The shipped config.pbtxt files set only model_dir; every default lives in config.py."""
+    import re
+
+    for name in ("prism_tokenizer", "prism_decision"):
+        keys = re.findall(r'parameters\s*\{\s*key:\s*"([^"]+)"', (MODEL_REPOSITORY / name / "config.pbtxt").read_text())
+        assert keys == ["model_dir"], (name, keys)
     with pytest.raises(ConfigError, match="instance_group"):
         set_instance_count("name: 'x'", 2)
 
