@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_routes import ROWS, SHAPES, decoder_like  # noqa: E402
 from workloads import write_result  # noqa: E402
 
-from kernels.int16_gemm_cpu import has_avx512_vnni  # noqa: E402
+from kernels.cpu.features import has_avx512_vnni  # noqa: E402
 from prism_backend.config import ComputeSettings  # noqa: E402
 from prism_backend.model.quant import Int8Linear  # noqa: E402
 

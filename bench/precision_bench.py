@@ -5,7 +5,7 @@
 The same forests (bench/workloads.py, prefix cache off) through engines differing only in
 precision: fp32 and the int8 pass ladder (model/quant.py): one pass each side (plain W8A8), two
 activation passes (13 bits) with one weight pass, two each (the default, 13 x 13 bits). Without VNNI
-every one of them is one exact int16 GEMM per projection (kernels/int16_gemm_cpu.py); with AVX-512
+every one of them is one exact int16 GEMM per projection (kernels/cpu/exact_gemm.py); with AVX-512
 VNNI, one pass a side runs the 8-bit kernel of the same library. The routes in use are printed with
 the results. Repeats are interleaved
 across engines so machine noise hits all alike. Besides the time, each int8 variant's largest

@@ -169,7 +169,7 @@ def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes, route):
 def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     """route() times every route that can run here, per pass count, and keeps the fastest; the
     int16 kernel is never a candidate for integers beyond int16 (three activation passes)."""
-    from kernels import int16_gemm_cpu
+    from kernels.cpu import exact_gemm
     from prism_backend.model import int_matmul
 
     monkeypatch.delenv("PRISM_INT8_ROUTE", raising=False)
@@ -183,7 +183,7 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
         return lambda fn, repeats=5, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
 
-    has_int16, has_vnni8 = int16_gemm_cpu.load() is not None, int16_gemm_cpu.vnni8_available()
+    has_int16, has_vnni8 = exact_gemm.load() is not None, exact_gemm.vnni8_available()
     monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "float": 3.0}))
     assert int_matmul.route(2, 2) == "int_mm"  # the 8-bit kernel is no candidate for two passes
     assert set(timed) == ({"int_mm", "int16", "float"} if has_int16 else {"int_mm", "float"})

@@ -81,7 +81,7 @@ class Int8Linear:
         W's first pass w_scale * 128^(Q-1), its second (the kernel's weight residual) w_scale. The
         kernel multiplies the weight residual by X's first pass only; the products of X's later
         passes with it come from a second, raw int32 call (|sum| <= 64 * 64 * K: exact in float32)."""
-        from kernels.int8_gemm import int8_gemm
+        from kernels.triton.exact_gemm import int8_gemm
 
         m, passes = x_int.shape[0], self.act_passes
         x_q = torch.cat(int8_passes(x_int, passes))  # (P * M, in) int8

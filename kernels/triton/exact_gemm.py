@@ -1,4 +1,5 @@
-"""INT8 x INT8 -> INT32 GEMM with the dequantisation fused into the epilogue (OpenAI Triton).
+"""The exact GEMM on the GPU: INT8 x INT8 -> exact INT32 sums, the dequantisation fused into the
+epilogue (OpenAI Triton).
 
     out[m, n] = ((sum_p acc_p[m, n] * x_scale[p, m]) * w_scale[n])
                 + (acc_r[m, n] * x_scale[0, m]) * w_res_scale[n]      (with a weight residual)
