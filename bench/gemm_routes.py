@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import write_result  # noqa: E402
 
-from prism_backend.model.int_matmul import ExactWeight, int_bound  # noqa: E402
+from prism_backend.model.exact_matmul import ExactWeight, int_bound  # noqa: E402
 
 ROWS = 760
 SHAPES = {"qkv (576 -> 960)": (576, 960), "o (576 -> 576)": (576, 576), "gate_up (576 -> 3072)": (576, 3072),

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.model.int_matmul import route  # noqa: E402
+from prism_backend.model.exact_matmul import route  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
@@ -63,7 +63,7 @@ def main() -> None:
     lines = ["# Prism engine: int8 vs fp32", "",
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats}` on CPU(s) "
              f"{sorted(os.sched_getaffinity(0))}, {threads} thread(s), prefix cache off, median of "
-             f"{args.repeats} interleaved runs; int8 routes (model/int_matmul.py, timed per pass count): "
+             f"{args.repeats} interleaved runs; int8 routes (model/exact_matmul.py, timed per pass count): "
              f"1+1 `{route(1, 1)}`, 2+1 `{route(2, 1)}`, 2+2 `{route(2, 2)}`.", "",
              "| workload | engine | ms (median) | min-max ms | time / fp32 | max abs(p - p_fp32) |",
              "|---|---|---|---|---|---|"]

@@ -9,7 +9,7 @@
       tree_attention.py attention over a packed forest of shared prefixes, cascade style
       gpu_check.py      both at realistic sizes on a CUDA device: correctness and speed
 
-The engine's exact integer product (prism_backend/model/int_matmul.py) picks among the CPU kernels,
+The engine's exact integer product (prism_backend/model/exact_matmul.py) picks among the CPU kernels,
 torch._int_mm and exact float GEMMs; only prism_backend.model imports this package, and it imports
 nothing of Prism's. On CPU-only machines the tests run the Triton-lang kernels through Triton's
 interpreter (TRITON_INTERPRET=1, set before any kernels.triton module is imported); the packages'

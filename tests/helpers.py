@@ -25,7 +25,7 @@ def needs(isa: str):
 
 
 def skip_unless_route_available(route: str) -> None:
-    """Skip the calling test where the exact-product route `route` (prism_backend/model/int_matmul.py)
+    """Skip the calling test where the exact-product route `route` (prism_backend/model/exact_matmul.py)
     cannot run on this CPU at all, naming the instructions it lacks."""
     from kernels.cpu import exact_gemm
 

@@ -15,7 +15,7 @@ import torch
 
 from kernels.cpu import exact_gemm
 from kernels.cpu.exact_gemm import PackedWeight, PackedWeight8, chunk_pairs, fits
-from prism_backend.model.int_matmul import dequantize, int_bound
+from prism_backend.model.exact_matmul import dequantize, int_bound
 from prism_backend.reproducibility import torch_threads
 
 from helpers import needs
@@ -181,8 +181,8 @@ def test_built_once_into_its_package(tmp_path):
 def test_quantisation_equals_the_torch_one(m, k, passes):
     """The kernel's one-pass row quantisation gives quant.py's integers and scales, bit for bit:
     ties at .5 (round half to even), an all-zero row, tiny and huge rows, outlier channels."""
-    from prism_backend.model.int_matmul import ExactWeight
-    from prism_backend.model.int_matmul import round_to_grid, symmetric_scale
+    from prism_backend.model.exact_matmul import ExactWeight
+    from prism_backend.model.exact_matmul import round_to_grid, symmetric_scale
 
     bound = int_bound(passes)
     gen = torch.Generator().manual_seed(m * k)
@@ -213,16 +213,16 @@ needs_vnni = needs("avx512_vnni")
 def test_the_8_bit_kernel_is_a_route_exactly_where_the_cpu_runs_it():
     """Where the CPU has AVX-512 VNNI the 8-bit kernel is available and a candidate for one pass a
     side (never for more); elsewhere it is no candidate and forcing it is an error, not a crash."""
-    from prism_backend.model import int_matmul
+    from prism_backend.model import exact_matmul
 
     here = exact_gemm.has_avx512_vnni()
     assert exact_gemm.vnni8_available() == here
-    assert int_matmul.runs_here("vnni8", 127, 127) == here
-    assert not int_matmul.runs_here("vnni8", int_bound(2), 127)
-    assert not int_matmul.runs_here("vnni8", 127, int_bound(2))
+    assert exact_matmul.runs_here("vnni8", 127, 127) == here
+    assert not exact_matmul.runs_here("vnni8", int_bound(2), 127)
+    assert not exact_matmul.runs_here("vnni8", 127, int_bound(2))
     if here:  # a forced 8-bit route for two passes takes the next exact kernel
-        assert int_matmul.ExactWeight(torch.zeros(8, 3), 2, 2, "vnni8").route == "int16"
-        assert int_matmul.ExactWeight(torch.zeros(8, 3), 1, 1, "vnni8").route == "vnni8"
+        assert exact_matmul.ExactWeight(torch.zeros(8, 3), 2, 2, "vnni8").route == "int16"
+        assert exact_matmul.ExactWeight(torch.zeros(8, 3), 1, 1, "vnni8").route == "vnni8"
 
 
 @needs_vnni
@@ -248,7 +248,7 @@ def test_8_bit_kernel_refuses_what_it_cannot_hold():
 @pytest.mark.parametrize("m, k", [(1, 576), (7, 577), (33, 1536), (3, 5)])
 def test_8_bit_quantisation_equals_the_torch_one(m, k):
     """Its operand is quant.py's 8-bit integers + 128, the padding 128 (= 0), the scales bit for bit."""
-    from prism_backend.model.int_matmul import round_to_grid, symmetric_scale
+    from prism_backend.model.exact_matmul import round_to_grid, symmetric_scale
 
     gen = torch.Generator().manual_seed(m + k)
     x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 9, k)

@@ -7,7 +7,7 @@ Why it exists: on CPUs without VNNI, int8 arithmetic runs at the float32 FMA rat
 products used to cost one float64 GEMM (2x a float32 one). AVX2's vpmaddwd multiplies int16 pairs
 at the FMA rate too, so a 13-bit x 13-bit exact product with int32 partial sums costs about one
 float32 GEMM. Its torch reference is `x_int.double() @ w_int.double()` (tests/test_exact_gemm_cpu.py).
-The engine's exact integer product (prism_backend/model/int_matmul.py) picks these kernels where
+The engine's exact integer product (prism_backend/model/exact_matmul.py) picks these kernels where
 they are the fastest exact route.
 
 The shared library is compiled once per source version (its name carries a hash of the source and

@@ -152,7 +152,7 @@ def int8_gemm_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Ten
                         w_res_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The same computation in torch, the kernel's test oracle: `torch._int_mm` is exact, then the
     same epilogue in the same order. (Prism's CPU path computes the same integers by its own exact
-    routes, model/int_matmul.py, and dequantises in float64.)"""
+    routes, model/exact_matmul.py, and dequantises in float64.)"""
     acc_res = None if w_res is None else torch._int_mm(x_q[: x_q.shape[0] // passes], w_res)
     return dequantize(torch._int_mm(x_q, w_q), x_scale, w_scale, bias, passes, acc_res, w_res_scale)
 

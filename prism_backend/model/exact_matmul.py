@@ -1,4 +1,5 @@
-"""Exact integer matrix products on CPU, by whichever exact route is fastest here.
+"""The exact integer product X @ W on CPU, by whichever exact route is fastest here (on a GPU the
+Triton-lang kernel kernels/triton/exact_gemm.py computes it; quant.py dispatches).
 
 The int8 scheme (quant.py) multiplies integer activations X (M, K), |X| <= int_bound(P) for P
 activation passes, by integer weights W (K, N), |W| <= int_bound(Q) for Q weight passes:
