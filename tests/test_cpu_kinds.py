@@ -29,7 +29,7 @@ def test_forcing_avx2_hides_the_8_bit_kernel(forced_avx2, monkeypatch):
     assert cpu_features.cpu_kind() in ("AVX2 (forced)", "other (forced)")
     assert not exact_matmul.runs_here("vnni8", 127, 127)
     assert not any(f.startswith("avx512") for f in cpu_features.cpu_flags() or ())
-    monkeypatch.setenv("PRISM_INT8_ROUTE", "vnni8")
+    monkeypatch.setenv("PRISM_EXACT_ROUTE", "vnni8")
     monkeypatch.setattr(exact_matmul, "_route", None)
     with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
         exact_matmul.route(1, 1)
@@ -67,6 +67,7 @@ print(json.dumps(out))
 
 def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
     env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("PRISM_EXACT_ROUTE", None)
     env.pop("PRISM_INT8_ROUTE", None)
     done = subprocess.run([sys.executable, "-c", AVX2_ENGINE_CHECK, str(model_dir)], env=env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=600)

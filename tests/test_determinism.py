@@ -172,6 +172,7 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     from kernels.cpu import exact_gemm
     from prism_backend.model import exact_matmul
 
+    monkeypatch.delenv("PRISM_EXACT_ROUTE", raising=False)
     monkeypatch.delenv("PRISM_INT8_ROUTE", raising=False)
     monkeypatch.setattr(exact_matmul, "_route", None)
     monkeypatch.setattr(exact_matmul, "_fastest", {})
@@ -197,9 +198,29 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     timed.clear()
     monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 1.5, "float": 2.0}))
     assert exact_matmul.route(1, 1) == ("int16" if has_int16 else "float")  # a slower 8-bit kernel is not kept
-    monkeypatch.setenv("PRISM_INT8_ROUTE", "float")
+    monkeypatch.setenv("PRISM_EXACT_ROUTE", "float")
     monkeypatch.setattr(exact_matmul, "_route", None)
     assert exact_matmul.route(1, 1) == "float"  # forced for every pass count
+
+
+def test_the_route_variable_and_its_older_name(monkeypatch):
+    """PRISM_EXACT_ROUTE forces a route; its older name PRISM_INT8_ROUTE still does; both set must agree."""
+    from prism_backend.model import exact_matmul
+
+    for new, old, forced in [("float", "", "float"), ("", "float", "float"), ("int_mm", "int_mm", "int_mm")]:
+        monkeypatch.setenv("PRISM_EXACT_ROUTE", new)
+        monkeypatch.setenv("PRISM_INT8_ROUTE", old)
+        monkeypatch.setattr(exact_matmul, "_route", None)
+        assert exact_matmul.route(2, 2) == forced, (new, old)
+    monkeypatch.setenv("PRISM_EXACT_ROUTE", "float")
+    monkeypatch.setenv("PRISM_INT8_ROUTE", "int_mm")
+    monkeypatch.setattr(exact_matmul, "_route", None)
+    with pytest.raises(ValueError, match="disagree"):
+        exact_matmul.route(2, 2)
+    monkeypatch.delenv("PRISM_EXACT_ROUTE")
+    monkeypatch.setenv("PRISM_INT8_ROUTE", "int4")
+    with pytest.raises(ValueError, match="PRISM_INT8_ROUTE must be one of"):
+        exact_matmul.route(2, 2)
 
 
 def test_route_timing_gives_up_on_a_route_that_cannot_win(monkeypatch):

@@ -37,7 +37,8 @@ side: `int_mm` runs P * Q int8 products plus their int64 combination and unfused
 and for the default two passes that made one layer's projections 3.6x slower than fp32 where
 `int16` runs at 0.85x fp32's time (bench/isa_peak.py). Timing noise can only pick a slower route,
 never other bits.
-PRISM_INT8_ROUTE forces one route for every pass count (tests, benchmarks).
+PRISM_EXACT_ROUTE (older name: PRISM_INT8_ROUTE, still read) forces one route for every pass count
+(tests, benchmarks).
 """
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
 PASS_BASE = 128  # passes are base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
 BOUNDS = {1: 127, 2: 8191, 3: 127 * PASS_BASE**2}
 ROUTES = ("int_mm", "int16", "vnni8", "float")
-_route: str | None = None  # a forced route (PRISM_INT8_ROUTE, tests) for every pass count, or None
+# the variable that forces a route, and its older name (read where the new one is not set)
+ROUTE_VARIABLE, OLD_ROUTE_VARIABLE = "PRISM_EXACT_ROUTE", "PRISM_INT8_ROUTE"
+_route: str | None = None  # a forced route (PRISM_EXACT_ROUTE, tests) for every pass count, or None
 _fastest: dict[tuple[int, int], str] = {}  # (act_passes, weight_passes) -> the route timed fastest here
 
 
@@ -119,16 +122,26 @@ def _time(fn, repeats: int = 5, give_up: float = math.inf) -> float:
     return best
 
 
+def _forced_variable() -> tuple[str, str] | None:
+    """(the variable's name, the route it names) where PRISM_EXACT_ROUTE or its older name
+    PRISM_INT8_ROUTE is set (both set: they must agree), else None."""
+    given = {name: os.environ[name] for name in (ROUTE_VARIABLE, OLD_ROUTE_VARIABLE) if os.environ.get(name, "")}
+    if len(set(given.values())) > 1:
+        raise ValueError(f"{ROUTE_VARIABLE}={given[ROUTE_VARIABLE]!r} and {OLD_ROUTE_VARIABLE}="
+                         f"{given[OLD_ROUTE_VARIABLE]!r} disagree; set only {ROUTE_VARIABLE}")
+    return next(iter(given.items()), None)
+
+
 def _forced() -> str | None:
     global _route
-    if _route is None and os.environ.get("PRISM_INT8_ROUTE", ""):
-        forced = os.environ["PRISM_INT8_ROUTE"]
+    if _route is None and (variable := _forced_variable()) is not None:
+        name, forced = variable
         if forced not in ROUTES:
-            raise ValueError(f"PRISM_INT8_ROUTE must be one of {ROUTES}, got {forced!r}")
+            raise ValueError(f"{name} must be one of {ROUTES}, got {forced!r}")
         if forced == "int16" and exact_gemm.load() is None:
-            raise RuntimeError(f"PRISM_INT8_ROUTE=int16: {exact_gemm.why_not()}")
+            raise RuntimeError(f"{name}=int16: {exact_gemm.why_not()}")
         if forced == "vnni8" and not exact_gemm.vnni8_available():
-            raise RuntimeError("PRISM_INT8_ROUTE=vnni8: needs the kernel library and a CPU with AVX-512 VNNI")
+            raise RuntimeError(f"{name}=vnni8: needs the kernel library and a CPU with AVX-512 VNNI")
         _route = forced
     return _route
 
