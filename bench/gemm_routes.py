@@ -9,7 +9,7 @@ SmolLM2-135M's projection shapes at 760 rows (workload a's forest): for each, th
                       |w| <= 64 (its int16 pair sums saturate beyond); shown as the CPU's int8 rate
   exact 1+1 (fp32)    one pass each side: an fp32 GEMM of the int8 values, K-chunks <= 1,040
   exact 2+2 (int16)   two passes each side (the default, 13-bit integers) by the AVX2 int16 kernel
-                      (kernels/int16_gemm_cpu.py): the route Prism takes on CPUs without VNNI; on
+                      (kernels/cpu/exact_gemm.py): the route Prism takes on CPUs without VNNI; on
                       uniform random integers (its int32 runs then end every 16 k-pairs, the worst
                       case) and on decoder-like ones (normal values, a few outlier channels)
   exact 2+2 (fp64)    the same integers by one float64 GEMM (the route without the int16 kernel)
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import write_result  # noqa: E402
 
-from prism_backend.model.int_matmul import ExactWeight, int_bound  # noqa: E402
+from prism_backend.model.exact_matmul import ExactWeight, int_bound  # noqa: E402
 
 ROWS = 760
 SHAPES = {"qkv (576 -> 960)": (576, 960), "o (576 -> 576)": (576, 576), "gate_up (576 -> 3072)": (576, 3072),

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_routes import ROWS, SHAPES, decoder_like  # noqa: E402
 from workloads import write_result  # noqa: E402
 
-from kernels.int16_gemm_cpu import has_avx512_vnni  # noqa: E402
+from kernels.cpu.features import has_avx512_vnni  # noqa: E402
 from prism_backend.config import ComputeSettings  # noqa: E402
 from prism_backend.model.quant import Int8Linear  # noqa: E402
 
@@ -96,7 +96,7 @@ def main() -> None:
              f"`.venv/bin/python bench/isa_peak.py --threads {args.threads}`: peaks are the best of 5 loops "
              f"on {args.threads} thread(s); one layer's four projections (SmolLM2 shapes, {ROWS} rows, "
              f"decoder-like values), median of {args.repeats} interleaved runs; int8 routes as chosen by "
-             "model/int_matmul.py.", "",
+             "model/exact_matmul.py.", "",
              "| instruction | peak Gop/s |", "|---|---|"]
     lines += [f"| {label} | {gops:.1f} |" for label, gops in peaks.items()]
     lines += ["", "| product | ms per layer | Gop/s | share of its instruction's peak |", "|---|---|---|---|"]

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from kernels.cpu_features import cpu_kind  # noqa: E402
+from kernels.cpu.features import cpu_kind  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
 from prism_launcher.cluster import PrismCluster  # noqa: E402

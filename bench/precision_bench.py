@@ -5,7 +5,7 @@
 The same forests (bench/workloads.py, prefix cache off) through engines differing only in
 precision: fp32 and the int8 pass ladder (model/quant.py): one pass each side (plain W8A8), two
 activation passes (13 bits) with one weight pass, two each (the default, 13 x 13 bits). Without VNNI
-every one of them is one exact int16 GEMM per projection (kernels/int16_gemm_cpu.py); with AVX-512
+every one of them is one exact int16 GEMM per projection (kernels/cpu/exact_gemm.py); with AVX-512
 VNNI, one pass a side runs the 8-bit kernel of the same library. The routes in use are printed with
 the results. Repeats are interleaved
 across engines so machine noise hits all alike. Besides the time, each int8 variant's largest
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.model.int_matmul import route  # noqa: E402
+from prism_backend.model.exact_matmul import route  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
@@ -63,7 +63,7 @@ def main() -> None:
     lines = ["# Prism engine: int8 vs fp32", "",
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats}` on CPU(s) "
              f"{sorted(os.sched_getaffinity(0))}, {threads} thread(s), prefix cache off, median of "
-             f"{args.repeats} interleaved runs; int8 routes (model/int_matmul.py, timed per pass count): "
+             f"{args.repeats} interleaved runs; int8 routes (model/exact_matmul.py, timed per pass count): "
              f"1+1 `{route(1, 1)}`, 2+1 `{route(2, 1)}`, 2+2 `{route(2, 2)}`.", "",
              "| workload | engine | ms (median) | min-max ms | time / fp32 | max abs(p - p_fp32) |",
              "|---|---|---|---|---|---|"]

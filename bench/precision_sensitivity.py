@@ -32,7 +32,7 @@ from workloads import write_result  # noqa: E402
 
 import prism_backend.model.transformer as transformer  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.model.int_matmul import int_bound  # noqa: E402
+from prism_backend.model.exact_matmul import int_bound  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR  # noqa: E402
 
 BITS = {8: int_bound(1), 13: int_bound(2)}  # |integer| <= 127 (one pass), 8191 (two passes)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from kernels.cpu_features import cpu_kind  # noqa: E402
+from kernels.cpu.features import cpu_kind  # noqa: E402
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
 from prism_launcher.server import ServerOptions, TritonServer  # noqa: E402

@@ -380,7 +380,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
               f"{forest_tokens} tokens x {2 * params / 1e9:.2f} GOP of projections per token in {med[a][base]:.0f} ms "
               f"= {useful:.0f} useful GOPS = {100 * useful / peaks['int8']:.0f}% of the int8 peak, "
               f"{100 * useful / peaks['fp32']:.0f}% of the fp32 peak. The default runs one exact product of "
-              f"13-bit integers per projection; on CPUs that is the int16 kernel (model/int_matmul.py picks "
+              f"13-bit integers per projection; on CPUs that is the int16 kernel (model/exact_matmul.py picks "
               f"the fastest exact route), whose instructions run below the int8 rate."]
     if FAST_LABEL in med[a]:
         fast = 2 * params * forest_tokens / (med[a][FAST_LABEL] / 1000) / 1e9

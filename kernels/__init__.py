@@ -1,8 +1,17 @@
-"""OpenAI Triton-lang kernels for Prism's GPU path, each with a torch reference of identical semantics.
+"""Prism's own kernels, by target; each computes what a torch reference computes, to the bit.
 
-    int8_gemm.py       int8 x int8 -> int32, dequantisation fused into the epilogue, no split-K
-    tree_attention.py  attention over a packed forest of shared prefixes, cascade style
-    gpu_check.py       both kernels at realistic sizes on a CUDA device: correctness and speed
+    cpu/      the exact integer GEMMs for x86 CPUs (C++, built with g++ on first use, called via ctypes)
+      exact_gemm.py     int16 x int16 (AVX2) and uint8 x int8 (AVX-512 VNNI) -> exact sums, with
+                        Prism's row quantisation and dequantising epilogue fused in (csrc/exact_gemm.cpp)
+      features.py       what this CPU runs (its flags), PRISM_CPU_ISA to make it act as an AVX2-only one
+    triton/   OpenAI Triton-lang kernels for the GPU path
+      exact_gemm.py     int8 x int8 -> exact int32 sums, dequantisation fused into the epilogue, no split-K
+      tree_attention.py attention over a packed forest of shared prefixes, cascade style
+      gpu_check.py      both at realistic sizes on a CUDA device: correctness and speed
 
-On CPU-only machines the tests run the kernels through Triton's interpreter (TRITON_INTERPRET=1).
+The engine's exact integer product (prism_backend/model/exact_matmul.py) picks among the CPU kernels,
+torch._int_mm and exact float GEMMs; only prism_backend.model imports this package, and it imports
+nothing of Prism's. On CPU-only machines the tests run the Triton-lang kernels through Triton's
+interpreter (TRITON_INTERPRET=1, set before any kernels.triton module is imported); the packages'
+__init__ files import none of their modules, so importing kernels.cpu never defines a Triton kernel.
 """

@@ -63,7 +63,7 @@ class EngineConfig:
     precision: str = "int8"
     # int8 passes per token and per weight (model/quant.py): P passes = integers up to 127 * 128^(P-1).
     # One pass each side is plain W8A8 (~0.02 off fp32: the int8 weights' rounding sets the error);
-    # two each are ~1e-4 off, and cost one exact float64 GEMM on CPUs without VNNI (model/int_matmul.py)
+    # two each are ~1e-4 off, and cost one exact float64 GEMM on CPUs without VNNI (model/exact_matmul.py)
     act_passes: int = 2
     weight_passes: int = 2
     smooth_alpha: float = 0.5  # SmoothQuant migration strength for int8; 0 = no smoothing
@@ -78,9 +78,10 @@ class EngineConfig:
     # shards meanwhile), and the timeout of the group's collectives.
     tp_startup_timeout_s: int = 600
     num_threads: int = 0  # 0: leave torch's default
-    # Which code runs attention and the int8 GEMMs: "auto" = the Triton-lang kernels (kernels/) for
-    # CUDA tensors, torch for CPU tensors; "torch" or "triton" force one (triton on CPU tensors needs
-    # TRITON_INTERPRET=1 in the environment before start: it is how the tests run the kernels).
+    # Which code runs attention and the exact integer products: "auto" = the Triton-lang kernels
+    # (kernels/triton/) for CUDA tensors, torch (and the exact CPU GEMMs, model/exact_matmul.py) for CPU
+    # tensors; "torch" or "triton" force one (triton on CPU tensors needs TRITON_INTERPRET=1 in the
+    # environment before start: it is how the tests run the kernels).
     kernels: str = "auto"
     # Prefix KV cache and chunked prefill (engine/prefix_cache.py, engine/forest_builder.py). System prompt and material are
     # cut into blocks of kv_block_tokens: the unit of the cache and of prefill chunks.

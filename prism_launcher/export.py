@@ -11,7 +11,7 @@ fleet with `tritonserver --model-repository=OUT`:
     OUT/prism_<step>/config.pbtxt    rendered as `prism serve` renders it, plus EXECUTION_ENV_PATH
     OUT/prism_<step>/triton_python_backend_stub   built for the environment's Python
     OUT/prism_<step>/prism_backend/, kernels/     the engine; the stub puts the model's folder on sys.path
-                                     (kernels/lib/: the AVX2 int16 GEMM, built here, for servers without g++)
+                                     (kernels/cpu/lib/: the exact CPU GEMMs, built here, for servers without g++)
     OUT/prism_<step>/prism_client/   the engine's self-check digests bits with its determinism.py
     OUT/prism_<step>/1/              model.py (and tasks.json, the task registry), as in model_repository/
     OUT/prism_decision/checkpoint/   the weights
@@ -32,7 +32,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kernels import int16_gemm_cpu
+import kernels
+from kernels.cpu import exact_gemm
 from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.serving.steps import model_parameters
 
@@ -46,6 +47,8 @@ CHECKPOINT = Path("prism_decision") / "checkpoint"
 # What the model.py files import, besides the environment (prism_client: the engine's self-check
 # digests with prism_client/determinism.py, a leaf module of numpy alone)
 ENGINE_PACKAGES = ("prism_backend", "prism_client", "kernels")
+# where exact_gemm looks for its built library, relative to a model's folder: kernels/cpu/lib
+LIBRARY_FOLDER = Path("kernels") / exact_gemm.PACKAGE_LIB.relative_to(Path(kernels.__file__).parent)
 STUB = "triton_python_backend_stub"
 PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
 
@@ -81,9 +84,9 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -
         relative = os.path.relpath(staging / CHECKPOINT, staging / name)
         _edit_config(staging / name, lambda text: set_parameter(text, "model_dir", relative))
     stub = triton_install()["stub"]
-    library = int16_gemm_cpu.built_library()
+    library = exact_gemm.built_library()
     if library is None:
-        log(f"note: the export carries no int16 kernel ({int16_gemm_cpu.why_not()}); its servers build it or use the float route")
+        log(f"note: the export carries no exact GEMM library ({exact_gemm.why_not()}); its servers build it or use the float route")
     env_path = f"$$TRITON_MODEL_DIRECTORY/../{ENV_ARCHIVE}"
     for model in _python_models(staging):
         _edit_config(model, lambda text: add_parameter(text, "EXECUTION_ENV_PATH", env_path))
@@ -91,8 +94,8 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -
         for package in ENGINE_PACKAGES:
             shutil.copytree(_package_dir(package), model / package, ignore=shutil.ignore_patterns("__pycache__", "lib"))
         if library is not None:
-            (model / "kernels" / "lib").mkdir()
-            shutil.copy2(library, model / "kernels" / "lib" / library.name)
+            (model / LIBRARY_FOLDER).mkdir()
+            shutil.copy2(library, model / LIBRARY_FOLDER / library.name)
     _check_parameters(staging)
     archive = packed_environment(MODEL_ENVIRONMENT, env_cache, log=log)
     _link_or_copy(archive, staging / ENV_ARCHIVE)

@@ -157,7 +157,7 @@ def pytest_terminal_summary(terminalreporter):
     from collections import Counter
 
     from helpers import ISA_SKIP
-    from kernels.cpu_features import cpu_kind
+    from kernels.cpu.features import cpu_kind
 
     reasons = Counter()
     for report in terminalreporter.stats.get("skipped", []):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.cpu_features import cpu_kind, has_avx2, has_avx512_vnni
+from kernels.cpu.features import cpu_kind, has_avx2, has_avx512_vnni
 
 ISA_SKIP = "this CPU lacks"
 _NEEDS = {"avx2": (has_avx2, "AVX2 + FMA"), "avx512_vnni": (has_avx512_vnni, "AVX-512 VNNI")}
@@ -25,11 +25,11 @@ def needs(isa: str):
 
 
 def skip_unless_route_available(route: str) -> None:
-    """Skip the calling test where the exact-product route `route` (prism_backend/model/int_matmul.py)
+    """Skip the calling test where the exact-product route `route` (prism_backend/model/exact_matmul.py)
     cannot run on this CPU at all, naming the instructions it lacks."""
-    from kernels import int16_gemm_cpu
+    from kernels.cpu import exact_gemm
 
-    if route == "vnni8" and not int16_gemm_cpu.vnni8_available():
+    if route == "vnni8" and not exact_gemm.vnni8_available():
         pytest.skip(isa_reason("avx512_vnni"))
-    if route in ("int16", "vnni8") and int16_gemm_cpu.load() is None:
-        pytest.skip(isa_reason("avx2") if not has_avx2() else f"the kernel library: {int16_gemm_cpu.why_not()}")
+    if route in ("int16", "vnni8") and exact_gemm.load() is None:
+        pytest.skip(isa_reason("avx2") if not has_avx2() else f"the kernel library: {exact_gemm.why_not()}")

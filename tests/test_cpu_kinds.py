@@ -1,5 +1,5 @@
 """Both CPU kinds from one machine: an AVX-512 VNNI machine forced onto the AVX2 path picks what an
-AVX2-only one picks, and the engine's determinism holds there (kernels/cpu_features.py)."""
+AVX2-only one picks, and the engine's determinism holds there (kernels/cpu/features.py)."""
 import json
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kernels import cpu_features, int16_gemm_cpu
+from kernels.cpu import exact_gemm, features as cpu_features
 from prism_backend.paths import REPO_ROOT
 
 
@@ -23,16 +23,16 @@ def forced_avx2(monkeypatch):
 
 
 def test_forcing_avx2_hides_the_8_bit_kernel(forced_avx2, monkeypatch):
-    from prism_backend.model import int_matmul
+    from prism_backend.model import exact_matmul
 
-    assert not cpu_features.has_avx512_vnni() and not int16_gemm_cpu.vnni8_available()
+    assert not cpu_features.has_avx512_vnni() and not exact_gemm.vnni8_available()
     assert cpu_features.cpu_kind() in ("AVX2 (forced)", "other (forced)")
-    assert not int_matmul.runs_here("vnni8", 127, 127)
+    assert not exact_matmul.runs_here("vnni8", 127, 127)
     assert not any(f.startswith("avx512") for f in cpu_features.cpu_flags() or ())
-    monkeypatch.setenv("PRISM_INT8_ROUTE", "vnni8")
-    monkeypatch.setattr(int_matmul, "_route", None)
+    monkeypatch.setenv("PRISM_EXACT_ROUTE", "vnni8")
+    monkeypatch.setattr(exact_matmul, "_route", None)
     with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
-        int_matmul.route(1, 1)
+        exact_matmul.route(1, 1)
 
 
 def test_an_unknown_isa_cap_is_refused(monkeypatch):
@@ -52,14 +52,14 @@ def test_an_unknown_isa_cap_is_refused(monkeypatch):
 AVX2_ENGINE_CHECK = """
 import json, sys, torch
 from prism_backend.config import EngineConfig
-from prism_backend.model import int_matmul
+from prism_backend.model import exact_matmul
 from prism_backend.serving.steps import DecisionStep
-from kernels.cpu_features import cpu_kind
+from kernels.cpu.features import cpu_kind
 out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "rungs": {}}
 for passes in (2, 1):
     step = DecisionStep(EngineConfig(model_dir=sys.argv[1], precision="int8", act_passes=passes,
                                      weight_passes=passes, num_threads=2))
-    out["rungs"][passes] = {"route": int_matmul.route(passes, passes), "problems": step.self_check_problems}
+    out["rungs"][passes] = {"route": exact_matmul.route(passes, passes), "problems": step.self_check_problems}
     step.close()
 print(json.dumps(out))
 """
@@ -67,6 +67,7 @@ print(json.dumps(out))
 
 def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
     env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("PRISM_EXACT_ROUTE", None)
     env.pop("PRISM_INT8_ROUTE", None)
     done = subprocess.run([sys.executable, "-c", AVX2_ENGINE_CHECK, str(model_dir)], env=env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=600)

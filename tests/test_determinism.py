@@ -79,13 +79,13 @@ def test_int8_linear_rows_are_batch_invariant_and_close(passes, weight_passes, b
     passes each side (13 bits) leave ~4e-4. Every exact route gives the bits of the float route,
     which runs on every CPU: so every route this CPU has gives the same bits (a route it lacks skips,
     naming the instructions)."""
-    from prism_backend.model import int_matmul
+    from prism_backend.model import exact_matmul
 
     skip_unless_route_available(route)
     torch.manual_seed(1)
     w, bias = torch.randn(96, 1100), torch.randn(96)  # K = 1100: the fp32 route cuts it in two chunks
     x = torch.randn(33, 1100) * torch.linspace(0.1, 8, 1100)  # outlier channels
-    monkeypatch.setattr(int_matmul, "_route", route)
+    monkeypatch.setattr(exact_matmul, "_route", route)
     lin = Int8Linear(w, bias, ComputeSettings("int8", passes, weight_passes))
     assert lin.w.route == (route if (route, passes) != ("int16", 3) else "float")  # 3 passes exceed int16
     full = lin(x)
@@ -94,7 +94,7 @@ def test_int8_linear_rows_are_batch_invariant_and_close(passes, weight_passes, b
     exact = x.double() @ w.double().T + bias.double()
     rel = ((full.double() - exact).abs().max() / (x @ w.T).abs().max()).item()
     assert rel < bound
-    monkeypatch.setattr(int_matmul, "_route", "float")
+    monkeypatch.setattr(exact_matmul, "_route", "float")
     reference = Int8Linear(w, bias, ComputeSettings("int8", passes, weight_passes))
     assert reference.w.route == "float" and torch.equal(reference(x), full)
 
@@ -147,10 +147,10 @@ def test_thread_count_check_compares_configured_with_one_thread():
                           if r != "vnni8" or p == (1, 1)])
 def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes, route):
     """torch._int_mm on the int8 passes, the int16 and 8-bit kernels and the float GEMMs
-    (int_matmul.py) give the int64 matmul's values, also at the extreme where every product is the
+    (exact_matmul.py) give the int64 matmul's values, also at the extreme where every product is the
     largest possible: one fp32 chunk's sum reaches 1040 * 127^2 (one pass), one int32 chunk of the
     int16 kernel 32 * 8191^2 (two passes), a float64 sum 4100 * 2080768 * 8191 (three and two passes)."""
-    from prism_backend.model.int_matmul import ExactWeight, int_bound
+    from prism_backend.model.exact_matmul import ExactWeight, int_bound
 
     skip_unless_route_available(route)
     torch.manual_seed(k)
@@ -169,47 +169,68 @@ def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes, route):
 def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     """route() times every route that can run here, per pass count, and keeps the fastest; the
     int16 kernel is never a candidate for integers beyond int16 (three activation passes)."""
-    from kernels import int16_gemm_cpu
-    from prism_backend.model import int_matmul
+    from kernels.cpu import exact_gemm
+    from prism_backend.model import exact_matmul
 
+    monkeypatch.delenv("PRISM_EXACT_ROUTE", raising=False)
     monkeypatch.delenv("PRISM_INT8_ROUTE", raising=False)
-    monkeypatch.setattr(int_matmul, "_route", None)
-    monkeypatch.setattr(int_matmul, "_fastest", {})
+    monkeypatch.setattr(exact_matmul, "_route", None)
+    monkeypatch.setattr(exact_matmul, "_fastest", {})
     timed = []  # the route of each ExactWeight whose served projection is being timed
-    real_linear = int_matmul.ExactWeight.linear
-    monkeypatch.setattr(int_matmul.ExactWeight, "linear",
+    real_linear = exact_matmul.ExactWeight.linear
+    monkeypatch.setattr(exact_matmul.ExactWeight, "linear",
                         lambda self, *args: (timed.append(self.route), real_linear(self, *args))[1])
 
     def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
         return lambda fn, repeats=5, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
 
-    has_int16, has_vnni8 = int16_gemm_cpu.load() is not None, int16_gemm_cpu.vnni8_available()
-    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "float": 3.0}))
-    assert int_matmul.route(2, 2) == "int_mm"  # the 8-bit kernel is no candidate for two passes
+    has_int16, has_vnni8 = exact_gemm.load() is not None, exact_gemm.vnni8_available()
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "float": 3.0}))
+    assert exact_matmul.route(2, 2) == "int_mm"  # the 8-bit kernel is no candidate for two passes
     assert set(timed) == ({"int_mm", "int16", "float"} if has_int16 else {"int_mm", "float"})
     timed.clear()
-    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 0.5, "float": 2.0}))
-    assert int_matmul.route(2, 2) == "int_mm"  # chosen once per process and pass count
-    assert int_matmul.route(3, 2) == "float" and "int16" not in timed  # 3 passes do not fit int16
-    assert int_matmul.route(1, 1) == ("vnni8" if has_vnni8 else "int16" if has_int16 else "float")
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 0.5, "float": 2.0}))
+    assert exact_matmul.route(2, 2) == "int_mm"  # chosen once per process and pass count
+    assert exact_matmul.route(3, 2) == "float" and "int16" not in timed  # 3 passes do not fit int16
+    assert exact_matmul.route(1, 1) == ("vnni8" if has_vnni8 else "int16" if has_int16 else "float")
     assert ("vnni8" in timed) == has_vnni8  # a candidate for one pass a side where the CPU runs it
-    int_matmul._fastest.clear()
+    exact_matmul._fastest.clear()
     timed.clear()
-    monkeypatch.setattr(int_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 1.5, "float": 2.0}))
-    assert int_matmul.route(1, 1) == ("int16" if has_int16 else "float")  # a slower 8-bit kernel is not kept
-    monkeypatch.setenv("PRISM_INT8_ROUTE", "float")
-    monkeypatch.setattr(int_matmul, "_route", None)
-    assert int_matmul.route(1, 1) == "float"  # forced for every pass count
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 1.5, "float": 2.0}))
+    assert exact_matmul.route(1, 1) == ("int16" if has_int16 else "float")  # a slower 8-bit kernel is not kept
+    monkeypatch.setenv("PRISM_EXACT_ROUTE", "float")
+    monkeypatch.setattr(exact_matmul, "_route", None)
+    assert exact_matmul.route(1, 1) == "float"  # forced for every pass count
+
+
+def test_the_route_variable_and_its_older_name(monkeypatch):
+    """PRISM_EXACT_ROUTE forces a route; its older name PRISM_INT8_ROUTE still does; both set must agree."""
+    from prism_backend.model import exact_matmul
+
+    for new, old, forced in [("float", "", "float"), ("", "float", "float"), ("int_mm", "int_mm", "int_mm")]:
+        monkeypatch.setenv("PRISM_EXACT_ROUTE", new)
+        monkeypatch.setenv("PRISM_INT8_ROUTE", old)
+        monkeypatch.setattr(exact_matmul, "_route", None)
+        assert exact_matmul.route(2, 2) == forced, (new, old)
+    monkeypatch.setenv("PRISM_EXACT_ROUTE", "float")
+    monkeypatch.setenv("PRISM_INT8_ROUTE", "int_mm")
+    monkeypatch.setattr(exact_matmul, "_route", None)
+    with pytest.raises(ValueError, match="disagree"):
+        exact_matmul.route(2, 2)
+    monkeypatch.delenv("PRISM_EXACT_ROUTE")
+    monkeypatch.setenv("PRISM_INT8_ROUTE", "int4")
+    with pytest.raises(ValueError, match="PRISM_INT8_ROUTE must be one of"):
+        exact_matmul.route(2, 2)
 
 
 def test_route_timing_gives_up_on_a_route_that_cannot_win(monkeypatch):
     """_time reports the fastest of its timed calls (noise only adds time), stops calling a route
     once one call takes over five times the best so far (or its warm-up over twenty times it) and
     reports it as infinitely slow; a route within the bounds is timed in full."""
-    from prism_backend.model import int_matmul
+    from prism_backend.model import exact_matmul
 
     clock = [0.0]
-    monkeypatch.setattr(int_matmul.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(exact_matmul.time, "perf_counter", lambda: clock[0])
 
     def route_taking(*seconds):  # the warm-up's time, then each timed call's (the last repeats)
         calls = []
@@ -220,10 +241,10 @@ def test_route_timing_gives_up_on_a_route_that_cannot_win(monkeypatch):
         return fn, calls
 
     fn, calls = route_taking(1.0, 1.0, 3.0, 1.0, 0.75, 1.25)  # a burst in the second call (exact binary times)
-    assert int_matmul._time(fn, repeats=5, give_up=1.0) == 0.75 and len(calls) == 6
+    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == 0.75 and len(calls) == 6
     fn, calls = route_taking(6.0, 2.0, 6.0, 2.0)  # a slower route, then a call past five times the best
-    assert int_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 3
+    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 3
     fn, calls = route_taking(25.0, 1.0)  # a warm-up past twenty times the best: not timed further
-    assert int_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 1
+    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 1
     fn, calls = route_taking(15.0, 0.5)  # a slow first call within it: timed in full, and faster
-    assert int_matmul._time(fn, repeats=5, give_up=1.0) == 0.5 and len(calls) == 6
+    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == 0.5 and len(calls) == 6

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from prism_client.client import PrismClient, PrismError
-from prism_launcher.export import ENV_ARCHIVE, MANIFEST, PARAMETER, export_repository
+from prism_launcher.export import ENV_ARCHIVE, LIBRARY_FOLDER, MANIFEST, PARAMETER, export_repository
 from prism_launcher.server import REPO_ROOT, triton_install, wait_until_serving
 
 from conftest import SAMPLE_TICKET, free_port
@@ -127,13 +127,14 @@ def test_exported_repository_holds_no_path_of_this_checkout(exported):
     assert 'key: "model_dir" value: { string_value: "checkpoint" }' in decision
 
 
-def test_exported_repository_carries_the_int16_kernel(exported):
+def test_exported_repository_carries_the_exact_gemm_library(exported):
     """Built here, so a server without g++ multiplies with it as `prism serve` does."""
-    from kernels import int16_gemm_cpu
+    from kernels.cpu import exact_gemm
 
     for model in ("prism_decision", "prism_tokenizer", "prism_postprocess"):
-        assert (exported / model / "kernels" / "lib" / int16_gemm_cpu.library_name()).is_file(), model
-        assert not list((exported / model / "kernels").glob("lib/.*")), "a partial build was exported"
+        assert LIBRARY_FOLDER == Path("kernels", "cpu", "lib")
+        assert (exported / model / LIBRARY_FOLDER / exact_gemm.library_name()).is_file(), model
+        assert not list((exported / model / LIBRARY_FOLDER).glob(".*")), "a partial build was exported"
 
 
 def tree_digest(root: Path) -> dict[str, str]:

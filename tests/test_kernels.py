@@ -1,4 +1,4 @@
-"""The Triton-lang kernels (kernels/) against their torch references, run through Triton's
+"""The Triton-lang kernels (kernels/triton/) against their torch references, run through Triton's
 interpreter on CPU (conftest sets TRITON_INTERPRET=1 when no GPU is present), and the engine's
 dispatch to them."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import REGISTRY
 
-from kernels.int8_gemm import int8_gemm, int8_gemm_reference
-from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
+from kernels.triton.exact_gemm import int8_gemm, int8_gemm_reference
+from kernels.triton.tree_attention import build_layout, tree_attention, tree_attention_reference
 from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.engine.forest_builder import build_forest
 from prism_backend.forest import EncodedRequest
@@ -233,12 +233,12 @@ def test_tree_attention_launcher_names_the_problem():
 def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
     """kernels='triton' runs the engine through the kernels (interpreted on CPU) and agrees with
     the torch path; kernels='torch' never calls them."""
-    import kernels.int8_gemm
-    import kernels.tree_attention
+    import kernels.triton.exact_gemm
+    import kernels.triton.tree_attention
     from prism_backend.serving.pipeline import DecisionPipeline
 
     calls = {"gemm": 0, "attention": 0}
-    gemm, attention = kernels.int8_gemm.int8_gemm, kernels.tree_attention.tree_attention
+    gemm, attention = kernels.triton.exact_gemm.int8_gemm, kernels.triton.tree_attention.tree_attention
 
     def counting_gemm(*args, **kwargs):
         calls["gemm"] += 1
@@ -248,8 +248,8 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
         calls["attention"] += 1
         return attention(*args, **kwargs)
 
-    monkeypatch.setattr(kernels.int8_gemm, "int8_gemm", counting_gemm)
-    monkeypatch.setattr(kernels.tree_attention, "tree_attention", counting_attention)
+    monkeypatch.setattr(kernels.triton.exact_gemm, "int8_gemm", counting_gemm)
+    monkeypatch.setattr(kernels.triton.tree_attention, "tree_attention", counting_attention)
     model_dir = tiny_model_dir("qwen3")
     requests = [{"material": "The invoice total is wrong again.", "tasks": ["team", "severity@2"]},
                 {"material": "Login fails.", "tasks": ["reply_time"]}]
@@ -284,8 +284,8 @@ def test_kernels_config_is_validated(tmp_path, monkeypatch):
 
 
 def test_gpu_check_script_runs_through_the_interpreter(capsys):
-    """kernels/gpu_check.py is only timed on a GPU; its checks are kept working here at small sizes."""
-    from kernels.gpu_check import main
+    """kernels/triton/gpu_check.py is only timed on a GPU; its checks are kept working here at small sizes."""
+    from kernels.triton.gpu_check import main
 
     assert main(["--device", "cpu", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--trunk", "20",
                  "--branches", "2"]) == 0

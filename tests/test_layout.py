@@ -1,7 +1,7 @@
 """The package layout is the architecture: imports inside prism_backend point down the layers only,
 and no module imports itself back through another (lazy imports inside functions included).
 
-    serving  ->  engine  ->  text  ->  model  ->  kernels
+    serving  ->  engine  ->  text  ->  model  ->  kernels (cpu/, triton/)
     (config, errors, forest, prefix_cache, paths, processes, reproducibility at the top of
     prism_backend: importable by all)
 
@@ -9,6 +9,10 @@ Around the engine: prism_launcher (`prism`, the server launcher and operations) 
 engine and the client; prism_client (the client library) imports neither the engine nor torch nor
 the launcher, so `prism health` and `prism decide` run without them; the engine imports nothing of
 the launcher and, of the client, only a leaf module that needs numpy alone (the bits' digest).
+
+kernels/ imports nothing of Prism's, kernels/cpu/ nothing of kernels/triton/ (importing the CPU
+kernels must never define a Triton-lang kernel: TRITON_INTERPRET is read then), and the packages'
+__init__ files import nothing.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ CLIENT = ROOT / "prism_client"
 LAUNCHER = ROOT / "prism_launcher"
 # Higher layers may import lower ones; the shared top-level modules import only each other.
 LAYERS = {"": 0, "model": 1, "text": 2, "engine": 3, "serving": 4}
-KERNELS_USERS = {"model"}  # the Triton-lang kernels are the model's business alone
+KERNELS_USERS = {"model"}  # Prism's kernels (CPU and Triton-lang) are the model's business alone
 # Besides the standard library and itself, the client imports only these (tritonclient, lazily).
 CLIENT_DEPENDENCIES = {"numpy", "tritonclient"}
 # What the engine may import of the client: leaf modules of the standard library and numpy alone
@@ -35,7 +39,11 @@ ENGINE_FROM_CLIENT = {"prism_client.determinism"}
 ENGINE_SIDE = ("torch", "transformers", "prism_backend", "kernels")
 
 
+KERNELS = ROOT / "kernels"
+
+
 def module_name(path: Path) -> str:
+    """prism_backend/model/quant.py -> prism_backend.model.quant, kernels/cpu/__init__.py -> kernels.cpu."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -111,8 +119,23 @@ def test_no_import_cycles():
 
 
 def test_kernels_import_nothing_of_prism():
-    for path in (ROOT / "kernels").glob("*.py"):
+    paths = sorted(KERNELS.rglob("*.py"))
+    assert {p.parent.name for p in paths} >= {"kernels", "cpu", "triton"}, "the subpackages were not walked"
+    for path in paths:
         assert not any(m.startswith(("prism_backend", "prism_client", "prism_launcher")) for m in imports_of(path)), path
+
+
+def test_cpu_kernels_import_no_triton_lang_kernel():
+    for path in sorted((KERNELS / "cpu").rglob("*.py")):
+        imported = imports_of(path)
+        assert not any(m == "triton" or m.startswith(("triton.", "kernels.triton")) for m in imported), path
+
+
+def test_kernel_package_inits_import_nothing():
+    """`import kernels.cpu.exact_gemm` runs kernels/__init__.py and kernels/cpu/__init__.py: were they to
+    import a kernels.triton module, it would bind its kernels before conftest sets TRITON_INTERPRET."""
+    for path in sorted(KERNELS.rglob("__init__.py")):
+        assert not imports_of(path), path
 
 
 def top(module: str) -> str:

@@ -100,9 +100,9 @@ def test_rotary_is_hugging_faces_rotate_half_bit_for_bit():
 def test_int8_linear(act_passes, weight_passes, rows, route, monkeypatch):
     """The AVX2 int16 kernel splits output panels between OpenMP threads, the float route is MKL
     in strict CNR mode: neither may change a bit with the thread count."""
-    from prism_backend.model import int_matmul
+    from prism_backend.model import exact_matmul
 
-    monkeypatch.setattr(int_matmul, "_route", route)
+    monkeypatch.setattr(exact_matmul, "_route", route)
     torch.manual_seed(rows)
     lin = Int8Linear(torch.randn(1537, 577), torch.randn(1537), ComputeSettings("int8", act_passes, weight_passes))
     x = torch.randn(rows, 577) * torch.linspace(0.1, 9, 577)

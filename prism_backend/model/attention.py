@@ -3,7 +3,7 @@
 Every token attends exactly to its ancestors: the rows of its parent segments and the earlier rows
 of its own segment. The torch path (CPU) computes each segment on its own, with keys gathered from
 its ancestry, so a segment's result depends only on its own tree, never on what else is packed in
-the batch. The Triton-lang path (kernels/tree_attention.py, CUDA) has the same semantics and the
+the batch. The Triton-lang path (kernels/triton/tree_attention.py, CUDA) has the same semantics and the
 same invariance, and reads each shared prefix once for all its branches.
 """
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ForestAttention:
         self.first_row = segments[computed[0]].start
         self.kernel_layouts = None
         if use_triton(kernels, torch.empty(0, device=device)):
-            from kernels.tree_attention import build_layout
+            from kernels.triton.tree_attention import build_layout
 
             tuples = [(seg.start, seg.length, seg.parent) for seg in segments]
             rows = [(i, offset) for i in computed for offset in range(segments[i].length)]
@@ -106,7 +106,7 @@ class ForestAttention:
     def rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (n, Hq, D) of the computed rows; k, v: (rows so far, Hkv, D) -> (n, Hq, D)."""
         if self.kernel_layouts is not None:
-            from kernels.tree_attention import tree_attention as tree_attention_kernel
+            from kernels.triton.tree_attention import tree_attention as tree_attention_kernel
 
             return tree_attention_kernel(q, k, v, self.kernel_layouts[0])
         out = torch.empty_like(q)
@@ -121,7 +121,7 @@ class ForestAttention:
     def answers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (A, Hq, D) of the answer rows; k, v: (rows so far, Hkv, D) -> (A, Hq, D)."""
         if self.kernel_layouts is not None:
-            from kernels.tree_attention import tree_attention as tree_attention_kernel
+            from kernels.triton.tree_attention import tree_attention as tree_attention_kernel
 
             return tree_attention_kernel(q, k, v, self.kernel_layouts[1])
         return answer_attention(q, k, v, [self.segments[i] for i in self.branches])

@@ -7,13 +7,14 @@ INT8 scheme (W8A8, in passes):
                One pass leaves ~0.2% rounding in every weight, the same in every token: a slightly
                different model whose probabilities sit ~0.02 off fp32; two passes take that to ~1e-3.
   activations  symmetric per token at run time, likewise in `act_passes` passes (|X| <= int_bound).
-  product      X @ W, exact: every int8 pass of X times every int8 pass of W with int32
-               accumulation, combined in int64 -- or one exact int16 or float product of the same
-               integers (int_matmul.py picks the fastest exact route for this CPU; the bits cannot
-               differ) -- then dequantised in float64 as (acc * x_scale) * w_scale, rounded once to
-               float32, plus the bias (fused into the int16 kernel, the same operations). On CUDA
-               tensors the Triton-lang kernel runs the int8 passes with the dequantisation fused
-               into its epilogue (float32: close to, not bitwise equal to, the CPU's float64 one).
+  product      X @ W, the exact integer product (exact_matmul.py): every int8 pass of X times
+               every int8 pass of W with int32 accumulation, combined in int64 -- or one exact
+               int16, 8-bit or float product of the same integers (exact_matmul.py picks the
+               fastest exact route for this CPU; the bits cannot differ) -- then dequantised in
+               float64 as (acc * x_scale) * w_scale, rounded once to float32, plus the bias (fused
+               into the CPU kernels, the same operations). On CUDA tensors the Triton-lang exact
+               GEMM runs the int8 passes with the dequantisation fused into its epilogue (float32:
+               close to, not bitwise equal to, the CPU's float64 one).
 Every step is row-wise or exact, so a token's output bits never depend on the other rows.
 """
 from __future__ import annotations
@@ -21,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .int_matmul import (PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, quantize_rows, round_to_grid,
-                         symmetric_scale)
+from .exact_matmul import (PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, quantize_rows, round_to_grid,
+                           symmetric_scale)
 
 from ..config import ComputeSettings
 
@@ -47,7 +48,7 @@ def use_triton(kernels: str, x: torch.Tensor) -> bool:
 class Int8Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
         """weight: (out, in) float32 -> integer weight W (in, out) for this CPU's exact route
-        (int_matmul.ExactWeight) and per-output-channel scales (out,).
+        (exact_matmul.ExactWeight) and per-output-channel scales (out,).
 
         settings.group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel).
         The row maxima of weights and activations are then all-reduced with MAX and the exact
@@ -77,11 +78,11 @@ class Int8Linear:
         return self.w.linear(x, self.w_scale, self.bias)  # (M, out) float32
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
-        """The Triton-lang kernel on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),
+        """The Triton-lang exact GEMM on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),
         W's first pass w_scale * 128^(Q-1), its second (the kernel's weight residual) w_scale. The
         kernel multiplies the weight residual by X's first pass only; the products of X's later
         passes with it come from a second, raw int32 call (|sum| <= 64 * 64 * K: exact in float32)."""
-        from kernels.int8_gemm import int8_gemm
+        from kernels.triton.exact_gemm import int8_gemm
 
         m, passes = x_int.shape[0], self.act_passes
         x_q = torch.cat(int8_passes(x_int, passes))  # (P * M, in) int8

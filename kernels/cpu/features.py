@@ -2,9 +2,9 @@
 other kind.
 
 Prism runs on two kinds of x86-64 machine: AVX2 + FMA only (no AVX-512), and AVX-512 F/BW/VL with
-VNNI (and BF16). The int16 kernel needs AVX2; the 8-bit kernel needs AVX-512 VNNI. Everything
-that picks a kernel asks here, so one switch makes an AVX-512 machine pick exactly what an
-AVX2-only one picks:
+VNNI (and BF16). Of the exact GEMMs (exact_gemm.py) the int16 kernel needs AVX2 and the 8-bit
+kernel AVX-512 VNNI. Everything that picks a kernel asks here, so one switch makes an AVX-512
+machine pick exactly what an AVX2-only one picks:
 
     PRISM_CPU_ISA=avx2   Prism's kernels ignore the CPU's AVX-512 flags (read once per process).
 

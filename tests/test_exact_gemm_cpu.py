@@ -1,6 +1,8 @@
-"""The AVX2 int16 kernel (kernels/csrc/int16_gemm.cpp) against its torch reference, the float64
-product of the same integers: exact at the bounds, for awkward shapes, at any thread count, with its
-fused dequantisation giving the bits of the unfused torch epilogue, and built once into its cache."""
+"""The exact CPU GEMMs (kernels/cpu/exact_gemm.py, C++ in kernels/cpu/csrc/exact_gemm.cpp), the AVX2
+int16 kernel and the AVX-512 VNNI 8-bit one, against their torch reference, the float64 product of the
+same integers: exact at the bounds, for awkward shapes, at any thread count, with their fused
+quantisation and dequantisation giving the bits of the unfused torch code, and built once into the
+library's cache."""
 import ctypes
 import os
 import shutil
@@ -11,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import int16_gemm_cpu
-from kernels.int16_gemm_cpu import PackedWeight, PackedWeight8, chunk_pairs, fits
-from prism_backend.model.int_matmul import dequantize, int_bound
+from kernels.cpu import exact_gemm
+from kernels.cpu.exact_gemm import PackedWeight, PackedWeight8, chunk_pairs, fits
+from prism_backend.model.exact_matmul import dequantize, int_bound
 from prism_backend.reproducibility import torch_threads
 
 from helpers import needs
@@ -38,7 +40,7 @@ def extreme_integers(m: int, k: int, n: int, xb: int, wb: int, seed: int = 0):
 
 def test_the_kernel_builds_on_this_machine():
     """CI machines are AVX2 x86 with g++: the route must really be there, not silently skipped."""
-    assert int16_gemm_cpu.load() is not None, int16_gemm_cpu.why_not()
+    assert exact_gemm.load() is not None, exact_gemm.why_not()
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (6, 2, 16), (7, 1536, 192), (37, 1100, 1537),
@@ -58,8 +60,8 @@ def raw_product(x: torch.Tensor, packed: PackedWeight, block: int, row_max: torc
     out = torch.empty(m, packed.n, dtype=torch.float64)
     x16 = torch.nn.functional.pad(x.to(torch.int16), (0, 2 * packed.kpairs - x.shape[1])).contiguous()
     row_max = packed.row_max if row_max is None else row_max
-    int16_gemm_cpu.load().prism_int16_gemm(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(),
-                                           row_max.data_ptr(), packed.n, block, None, None, None, out.data_ptr(), 1)
+    exact_gemm.load().prism_int16_gemm(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(),
+                                       row_max.data_ptr(), packed.n, block, None, None, None, out.data_ptr(), 1)
     return out
 
 
@@ -157,15 +159,15 @@ def test_rows_and_thread_counts_cannot_change_a_bit(m):
 
 def test_built_once_into_its_package(tmp_path):
     """A fresh copy of the kernels package, with empty user caches: the first process compiles into
-    the package's lib/ (what an export carries), the next one loads that file without building."""
+    kernels/cpu/lib/ (what an export carries), the next one loads that file without building."""
     shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__", "lib"))
-    code = "from kernels import int16_gemm_cpu as k; assert k.load() is not None, k.why_not(); print(k._build())"
+    code = "from kernels.cpu import exact_gemm as k; assert k.load() is not None, k.why_not(); print(k._build())"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
            "TMPDIR": str(tmp_path / "tmp")}
     env.pop("PRISM_KERNEL_CACHE", None)
     first = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     built = Path(first.strip())
-    assert built.parent == tmp_path / "kernels" / "lib" and built.exists()
+    assert built.parent == tmp_path / "kernels" / "cpu" / "lib" and built.exists()
     mtime = built.stat().st_mtime_ns
     second = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert second == first and built.stat().st_mtime_ns == mtime
@@ -179,8 +181,8 @@ def test_built_once_into_its_package(tmp_path):
 def test_quantisation_equals_the_torch_one(m, k, passes):
     """The kernel's one-pass row quantisation gives quant.py's integers and scales, bit for bit:
     ties at .5 (round half to even), an all-zero row, tiny and huge rows, outlier channels."""
-    from prism_backend.model.int_matmul import ExactWeight
-    from prism_backend.model.int_matmul import round_to_grid, symmetric_scale
+    from prism_backend.model.exact_matmul import ExactWeight
+    from prism_backend.model.exact_matmul import round_to_grid, symmetric_scale
 
     bound = int_bound(passes)
     gen = torch.Generator().manual_seed(m * k)
@@ -211,16 +213,16 @@ needs_vnni = needs("avx512_vnni")
 def test_the_8_bit_kernel_is_a_route_exactly_where_the_cpu_runs_it():
     """Where the CPU has AVX-512 VNNI the 8-bit kernel is available and a candidate for one pass a
     side (never for more); elsewhere it is no candidate and forcing it is an error, not a crash."""
-    from prism_backend.model import int_matmul
+    from prism_backend.model import exact_matmul
 
-    here = int16_gemm_cpu.has_avx512_vnni()
-    assert int16_gemm_cpu.vnni8_available() == here
-    assert int_matmul.runs_here("vnni8", 127, 127) == here
-    assert not int_matmul.runs_here("vnni8", int_bound(2), 127)
-    assert not int_matmul.runs_here("vnni8", 127, int_bound(2))
+    here = exact_gemm.has_avx512_vnni()
+    assert exact_gemm.vnni8_available() == here
+    assert exact_matmul.runs_here("vnni8", 127, 127) == here
+    assert not exact_matmul.runs_here("vnni8", int_bound(2), 127)
+    assert not exact_matmul.runs_here("vnni8", 127, int_bound(2))
     if here:  # a forced 8-bit route for two passes takes the next exact kernel
-        assert int_matmul.ExactWeight(torch.zeros(8, 3), 2, 2, "vnni8").route == "int16"
-        assert int_matmul.ExactWeight(torch.zeros(8, 3), 1, 1, "vnni8").route == "vnni8"
+        assert exact_matmul.ExactWeight(torch.zeros(8, 3), 2, 2, "vnni8").route == "int16"
+        assert exact_matmul.ExactWeight(torch.zeros(8, 3), 1, 1, "vnni8").route == "vnni8"
 
 
 @needs_vnni
@@ -237,7 +239,7 @@ def test_8_bit_kernel_exact_at_the_bounds(m, k, n):
 @needs_vnni
 def test_8_bit_kernel_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError):
-        PackedWeight8(torch.zeros(int16_gemm_cpu.VNNI_MAX_K + 4, 2))
+        PackedWeight8(torch.zeros(exact_gemm.VNNI_MAX_K + 4, 2))
     with pytest.raises(ValueError):
         PackedWeight8(torch.zeros(4, 2)).matmul(torch.zeros(1, 4), int_bound(2))
 
@@ -246,7 +248,7 @@ def test_8_bit_kernel_refuses_what_it_cannot_hold():
 @pytest.mark.parametrize("m, k", [(1, 576), (7, 577), (33, 1536), (3, 5)])
 def test_8_bit_quantisation_equals_the_torch_one(m, k):
     """Its operand is quant.py's 8-bit integers + 128, the padding 128 (= 0), the scales bit for bit."""
-    from prism_backend.model.int_matmul import round_to_grid, symmetric_scale
+    from prism_backend.model.exact_matmul import round_to_grid, symmetric_scale
 
     gen = torch.Generator().manual_seed(m + k)
     x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 9, k)

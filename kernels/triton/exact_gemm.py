@@ -1,4 +1,5 @@
-"""INT8 x INT8 -> INT32 GEMM with the dequantisation fused into the epilogue (OpenAI Triton).
+"""The exact GEMM on the GPU: INT8 x INT8 -> exact INT32 sums, the dequantisation fused into the
+epilogue (OpenAI Triton).
 
     out[m, n] = ((sum_p acc_p[m, n] * x_scale[p, m]) * w_scale[n])
                 + (acc_r[m, n] * x_scale[0, m]) * w_res_scale[n]      (with a weight residual)
@@ -151,7 +152,7 @@ def int8_gemm_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Ten
                         w_res_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The same computation in torch, the kernel's test oracle: `torch._int_mm` is exact, then the
     same epilogue in the same order. (Prism's CPU path computes the same integers by its own exact
-    routes, model/int_matmul.py, and dequantises in float64.)"""
+    routes, model/exact_matmul.py, and dequantises in float64.)"""
     acc_res = None if w_res is None else torch._int_mm(x_q[: x_q.shape[0] // passes], w_res)
     return dequantize(torch._int_mm(x_q, w_q), x_scale, w_scale, bias, passes, acc_res, w_res_scale)
 

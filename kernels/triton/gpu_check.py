@@ -1,7 +1,7 @@
 """Both kernels at realistic sizes on a CUDA device: correctness against the references and speed
 against torch (int8 `torch._int_mm` + torch dequantisation; SDPA per segment, as the CPU path does).
 
-    python -m kernels.gpu_check [--hidden 5120 --heads 40 --kv-heads 8 --trunk 4096 --branches 3]
+    python -m kernels.triton.gpu_check [--hidden 5120 --heads 40 --kv-heads 8 --trunk 4096 --branches 3]
 
 Prints one markdown table; exits 2 when no CUDA device is present (nothing is measured then).
 `--device cpu` runs the same checks through Triton's interpreter (TRITON_INTERPRET=1) at small
@@ -16,8 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels.int8_gemm import int8_gemm, int8_gemm_reference
-from kernels.tree_attention import build_layout, tree_attention, tree_attention_reference
+from kernels.triton.exact_gemm import int8_gemm, int8_gemm_reference
+from kernels.triton.tree_attention import build_layout, tree_attention, tree_attention_reference
 
 
 def _time_ms(fn, device: str, repeats: int = 20) -> float:

@@ -1,17 +1,22 @@
-"""The exact int16 GEMM for AVX2 CPUs (csrc/int16_gemm.cpp), built with g++ on first use, and the
-same library's exact 8-bit GEMM for AVX-512 VNNI CPUs (PackedWeight8, one pass a side).
+"""Exact integer GEMMs for x86 CPUs: int16 x int16 (AVX2) and uint8 x int8 (AVX-512 VNNI), both
+with exact int32 lane sums widened to float64, Prism's row quantisation and its dequantising epilogue
+fused in. One C++ library (csrc/exact_gemm.cpp), built with g++ on first use: PackedWeight is the
+AVX2 int16 kernel, PackedWeight8 the 8-bit one (one quantisation pass a side).
 
 Why it exists: on CPUs without VNNI, int8 arithmetic runs at the float32 FMA rate, so Prism's exact
 products used to cost one float64 GEMM (2x a float32 one). AVX2's vpmaddwd multiplies int16 pairs
 at the FMA rate too, so a 13-bit x 13-bit exact product with int32 partial sums costs about one
-float32 GEMM. Its torch reference is `x_int.double() @ w_int.double()` (tests/test_int16_gemm.py).
+float32 GEMM. Its torch reference is `x_int.double() @ w_int.double()` (tests/test_exact_gemm_cpu.py).
+The engine's exact integer product (prism_backend/model/exact_matmul.py) picks these kernels where
+they are the fastest exact route.
 
 The shared library is compiled once per source version (its name carries a hash of the source and
-flags) into the first writable folder of: PRISM_KERNEL_CACHE, kernels/lib next to this file (an
-exported model repository carries it there, for servers without g++), $XDG_CACHE_HOME/prism/kernels
-or ~/.cache/prism/kernels, a temporary folder; a library already in any of them is used as it is.
-It is loaded with ctypes, which releases the GIL for the call. Where it cannot be built or loaded
-(no g++, no AVX2, another architecture) `load()` returns None and callers use another exact route.
+flags) into the first writable folder of: PRISM_KERNEL_CACHE, lib/ next to this file (an exported
+model repository carries it there, kernels/cpu/lib, for servers without g++),
+$XDG_CACHE_HOME/prism/kernels or ~/.cache/prism/kernels, a temporary folder; a library already in
+any of them is used as it is. It is loaded with ctypes, which releases the GIL for the call. Where
+it cannot be built or loaded (no g++, no AVX2, another architecture) `load()` returns None and
+callers use another exact route.
 """
 from __future__ import annotations
 
@@ -24,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_features import has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
+from kernels.cpu.features import has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
 
-SOURCE = Path(__file__).parent / "csrc" / "int16_gemm.cpp"
-PACKAGE_LIB = Path(__file__).parent / "lib"
+SOURCE = Path(__file__).parent / "csrc" / "exact_gemm.cpp"
+PACKAGE_LIB = Path(__file__).parent / "lib"  # kernels/cpu/lib: where an export puts the built library
 PANEL = 16  # output columns per packed panel (NR in the source)
 INT32_MAX = 2**31 - 1
 # -ffp-contract=off: the fused epilogue must round exactly as torch's unfused one does
@@ -47,7 +52,7 @@ def _cache_dirs() -> list[Path]:
 
 
 def library_name() -> str:
-    return f"int16_gemm-{hashlib.sha256(SOURCE.read_bytes() + ' '.join(FLAGS).encode()).hexdigest()[:16]}.so"
+    return f"exact_gemm-{hashlib.sha256(SOURCE.read_bytes() + ' '.join(FLAGS).encode()).hexdigest()[:16]}.so"
 
 
 def _build() -> Path:
@@ -102,7 +107,7 @@ def load():
 def _library():
     lib = load()
     if lib is None:
-        raise RuntimeError(f"the int16 kernel is not available here: {_why_not}")
+        raise RuntimeError(f"the exact GEMM library is not available here: {_why_not}")
     return lib
 
 
@@ -156,7 +161,7 @@ def _epilogue(m: int, n: int, x_scale, w_scale, bias) -> tuple[torch.Tensor, _Ep
 
 
 class PackedWeight:
-    """An integer weight W (K, N), |W| <= w_bound, packed into the kernel's panels."""
+    """An integer weight W (K, N), |W| <= w_bound < 2^15, packed into the AVX2 int16 kernel's panels."""
 
     def __init__(self, w_int: torch.Tensor, w_bound: int):
         """w_int: (K, N) integer-valued tensor."""

@@ -1,4 +1,5 @@
-"""Exact integer matrix products on CPU, by whichever exact route is fastest here.
+"""The exact integer product X @ W on CPU, by whichever exact route is fastest here (on a GPU the
+Triton-lang kernel kernels/triton/exact_gemm.py computes it; quant.py dispatches).
 
 The int8 scheme (quant.py) multiplies integer activations X (M, K), |X| <= int_bound(P) for P
 activation passes, by integer weights W (K, N), |W| <= int_bound(Q) for Q weight passes:
@@ -12,7 +13,7 @@ runs can never change a bit:
           product torch has.
   int16   without VNNI, int8 arithmetic runs at the float32 FMA rate (and `torch._int_mm` is a plain
           loop, 29x slower than an fp32 GEMM on an AVX2 EPYC). AVX2's vpmaddwd multiplies int16
-          pairs at that same rate, so kernels/int16_gemm_cpu.py multiplies 13-bit x 13-bit integers
+          pairs at that same rate, so kernels/cpu/exact_gemm.py multiplies 13-bit x 13-bit integers
           in one product, int32 sums over runs of K that cannot overflow widened to float64: about
           one float32 GEMM's time (bench/gemm_routes.py), with the dequantisation fused in. This is
           why two passes mean 13 bits: 2 * 16 * 8191^2 < 2^31, so int32 lanes sum 32 products even
@@ -36,7 +37,8 @@ side: `int_mm` runs P * Q int8 products plus their int64 combination and unfused
 and for the default two passes that made one layer's projections 3.6x slower than fp32 where
 `int16` runs at 0.85x fp32's time (bench/isa_peak.py). Timing noise can only pick a slower route,
 never other bits.
-PRISM_INT8_ROUTE forces one route for every pass count (tests, benchmarks).
+PRISM_EXACT_ROUTE (older name: PRISM_INT8_ROUTE, still read) forces one route for every pass count
+(tests, benchmarks).
 """
 from __future__ import annotations
 
@@ -46,13 +48,15 @@ import time
 
 import torch
 
-from kernels import int16_gemm_cpu
+from kernels.cpu import exact_gemm
 
 EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
 PASS_BASE = 128  # passes are base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
 BOUNDS = {1: 127, 2: 8191, 3: 127 * PASS_BASE**2}
 ROUTES = ("int_mm", "int16", "vnni8", "float")
-_route: str | None = None  # a forced route (PRISM_INT8_ROUTE, tests) for every pass count, or None
+# the variable that forces a route, and its older name (read where the new one is not set)
+ROUTE_VARIABLE, OLD_ROUTE_VARIABLE = "PRISM_EXACT_ROUTE", "PRISM_INT8_ROUTE"
+_route: str | None = None  # a forced route (PRISM_EXACT_ROUTE, tests) for every pass count, or None
 _fastest: dict[tuple[int, int], str] = {}  # (act_passes, weight_passes) -> the route timed fastest here
 
 
@@ -118,16 +122,26 @@ def _time(fn, repeats: int = 5, give_up: float = math.inf) -> float:
     return best
 
 
+def _forced_variable() -> tuple[str, str] | None:
+    """(the variable's name, the route it names) where PRISM_EXACT_ROUTE or its older name
+    PRISM_INT8_ROUTE is set (both set: they must agree), else None."""
+    given = {name: os.environ[name] for name in (ROUTE_VARIABLE, OLD_ROUTE_VARIABLE) if os.environ.get(name, "")}
+    if len(set(given.values())) > 1:
+        raise ValueError(f"{ROUTE_VARIABLE}={given[ROUTE_VARIABLE]!r} and {OLD_ROUTE_VARIABLE}="
+                         f"{given[OLD_ROUTE_VARIABLE]!r} disagree; set only {ROUTE_VARIABLE}")
+    return next(iter(given.items()), None)
+
+
 def _forced() -> str | None:
     global _route
-    if _route is None and os.environ.get("PRISM_INT8_ROUTE", ""):
-        forced = os.environ["PRISM_INT8_ROUTE"]
+    if _route is None and (variable := _forced_variable()) is not None:
+        name, forced = variable
         if forced not in ROUTES:
-            raise ValueError(f"PRISM_INT8_ROUTE must be one of {ROUTES}, got {forced!r}")
-        if forced == "int16" and int16_gemm_cpu.load() is None:
-            raise RuntimeError(f"PRISM_INT8_ROUTE=int16: {int16_gemm_cpu.why_not()}")
-        if forced == "vnni8" and not int16_gemm_cpu.vnni8_available():
-            raise RuntimeError("PRISM_INT8_ROUTE=vnni8: needs the kernel library and a CPU with AVX-512 VNNI")
+            raise ValueError(f"{name} must be one of {ROUTES}, got {forced!r}")
+        if forced == "int16" and exact_gemm.load() is None:
+            raise RuntimeError(f"{name}=int16: {exact_gemm.why_not()}")
+        if forced == "vnni8" and not exact_gemm.vnni8_available():
+            raise RuntimeError(f"{name}=vnni8: needs the kernel library and a CPU with AVX-512 VNNI")
         _route = forced
     return _route
 
@@ -166,9 +180,9 @@ def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
     """Whether `route_name` can multiply integers of these bounds on this machine: int16 where its
     library loads and they fit int16, vnni8 for 8-bit integers on AVX-512 VNNI CPUs, the rest always."""
     if route_name == "int16":
-        return int16_gemm_cpu.load() is not None and int16_gemm_cpu.fits(x_bound, w_bound)
+        return exact_gemm.load() is not None and exact_gemm.fits(x_bound, w_bound)
     if route_name == "vnni8":
-        return int16_gemm_cpu.fits8(x_bound, w_bound) and int16_gemm_cpu.vnni8_available()
+        return exact_gemm.fits8(x_bound, w_bound) and exact_gemm.vnni8_available()
     return True
 
 
@@ -184,18 +198,18 @@ class ExactWeight:
         self.route = chosen or (route(act_passes, weight_passes) if not w_int.is_cuda else "int_mm")
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {self.route!r}")
-        if self.route == "vnni8" and not int16_gemm_cpu.fits8(self.x_bound, self.w_bound, w_int.shape[0]):
+        if self.route == "vnni8" and not exact_gemm.fits8(self.x_bound, self.w_bound, w_int.shape[0]):
             self.route = "int16"  # a forced route for more than one pass: the next exact kernel
-        if self.route == "int16" and not int16_gemm_cpu.fits(self.x_bound, self.w_bound):
+        if self.route == "int16" and not exact_gemm.fits(self.x_bound, self.w_bound):
             self.route = "float"  # three activation passes: integers beyond int16
         self.digits = None  # (K, N) int8 each, most significant first: int_mm and the Triton-lang kernel
         self.int16 = self.vnni8 = self.fp32_chunks = self.fp64 = None
         if self.route == "int_mm":
             self.digits = int8_passes(w_int, weight_passes)
         elif self.route == "int16":
-            self.int16 = int16_gemm_cpu.PackedWeight(w_int, self.w_bound)
+            self.int16 = exact_gemm.PackedWeight(w_int, self.w_bound)
         elif self.route == "vnni8":
-            self.vnni8 = int16_gemm_cpu.PackedWeight8(w_int)
+            self.vnni8 = exact_gemm.PackedWeight8(w_int)
         elif act_passes == weight_passes == 1:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
         else:

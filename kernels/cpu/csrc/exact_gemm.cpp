@@ -1,7 +1,7 @@
 // Exact int16 x int16 matrix product for AVX2 CPUs, with Prism's dequantisation fused in (and, further
 // down, an exact 8-bit x 8-bit product for AVX-512 VNNI CPUs with the same quantisation and epilogue).
 //
-// The integers: X (m, 2*kpairs) int16 row-major, W packed by kernels/int16_gemm_cpu.py into panels
+// The integers: X (m, 2*kpairs) int16 row-major, W packed by kernels/cpu/exact_gemm.py into panels
 // of 16 output columns (panel p, k-pair kp holds W[2kp][c], W[2kp+1][c] for its 16 columns c), so
 // one 256-bit vpmaddwd of a broadcast pair (X[r][2kp], X[r][2kp+1]) with half a panel row adds two
 // products into each of 8 int32 lanes. vpmaddwd multiplies 16-bit integers at the rate an FMA
