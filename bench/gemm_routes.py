@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import write_result  # noqa: E402
 
 from prism_backend.model.exact_matmul import ExactWeight, int_bound  # noqa: E402

@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_routes import ROWS, SHAPES, decoder_like  # noqa: E402
 from workloads import write_result  # noqa: E402
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 from kernels.cpu.features import cpu_kind  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402

@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "evals"))
 import run_eval  # noqa: E402
 from workloads import write_result  # noqa: E402

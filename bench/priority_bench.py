@@ -17,14 +17,11 @@ import argparse
 import itertools
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 from kernels.cpu.features import cpu_kind  # noqa: E402
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402

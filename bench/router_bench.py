@@ -14,15 +14,12 @@ import os
 import queue
 import random
 import statistics
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 from prism_backend.processes import free_port  # noqa: E402
 from prism_client.client import PrismClient  # noqa: E402

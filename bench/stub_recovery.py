@@ -18,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import SAMPLE_TICKET  # noqa: E402
-from test_cluster import Cluster, stop_cleanly  # noqa: E402
+from helpers import SAMPLE_TICKET  # noqa: E402
+from helpers import Cluster, stop_cleanly  # noqa: E402
 
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
 from prism_launcher.server import python_stubs  # noqa: E402

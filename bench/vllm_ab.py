@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import LLAMA_LABEL, THREADS, PromptIds, peer_times, timed, workload_a, workload_b  # noqa: E402
 from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
 from vllm_driver import run_vllm  # noqa: E402

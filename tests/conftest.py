@@ -11,16 +11,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from prism_backend.config import EngineConfig
-from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, REPO_ROOT
-from prism_backend.processes import free_port  # noqa: F401 (for the tests)
+from prism_backend.paths import DEFAULT_MODEL_DIR
 from prism_launcher.server import ServerOptions, TritonServer
-SAMPLE_TICKET = (REPO_ROOT / "samples" / "ticket.txt").read_text(encoding="utf-8")
+from helpers import REGISTRY, free_port
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -79,9 +77,6 @@ def _tiny_config(arch: str, vocab_size: int):
     raise ValueError(arch)
 
 
-TINY_ARCHS = ("llama3", "llama_tied", "mistral", "qwen2", "qwen3")
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, model_dir):
     """Factory: a random checkpoint of `arch`, built offline, with SmolLM2's tokenizer."""
@@ -110,30 +105,7 @@ def tiny_model_dir(tmp_path_factory, model_dir):
     return make
 
 
-def wait_for(predicate, timeout: float = 60.0) -> bool:
-    """Poll `predicate` until it holds or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return False
 
-
-def processes_with(*needles: bytes) -> list[int]:
-    """PIDs of the processes whose command line contains every needle. A zombie's command line is
-    empty, so exited-but-unreaped processes never match."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if all(needle in cmdline for needle in needles):
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture(scope="session")
@@ -150,6 +122,17 @@ def server(model_dir):
     srv.start()
     yield srv
     srv.stop()
+
+
+# Fixtures that start a real tritonserver or `prism serve`: a test using one is marked `server`
+# (tests that start one themselves carry the mark explicitly).
+SERVER_FIXTURES = {"server", "int8_server", "front", "cluster", "exported", "bare_server"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
 
 
 def pytest_terminal_summary(terminalreporter):

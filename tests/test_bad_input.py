@@ -10,7 +10,7 @@ import pytest
 
 from prism_client.client import PrismClient, PrismError
 
-from conftest import SAMPLE_TICKET
+from helpers import SAMPLE_TICKET
 
 
 def text(name, values, shape=None):

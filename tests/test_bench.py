@@ -1,11 +1,7 @@
 """The side-by-side benchmark's request plumbing: what it times must be what it says it times."""
-import sys
 import threading
 
-from conftest import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-from side_by_side import VLLM_TICKETS, prism_tickets, throughput, throughput_tickets  # noqa: E402
+from side_by_side import VLLM_TICKETS, prism_tickets, throughput, throughput_tickets
 
 LEVELS = (1, 4, 8)
 

@@ -1,7 +1,7 @@
 """Scale-out: `prism serve --replicas 2` (two tritonservers behind the nginx router) on loopback.
 
 Routing by the material key, bit-identical answers from every replica, repeats served from one
-replica's prefix cache, urgent priority end to end, failover when a replica is killed, restart,
+replica's prefix cache, the urgent lane end to end, failover when a replica is killed, restart,
 and a clean stop of the whole group.
 """
 from __future__ import annotations
@@ -12,8 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -21,18 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, free_port, processes_with, wait_for
-from test_server import metric, scrape_url
+from helpers import (REPO_ROOT, THREADS, TICKETS, Cluster, exit_timeouts, free_port, metric, scrape_url,
+                     stop_cleanly, wait_for)
 from prism_client.client import ROUTE_HEADER, PrismClient, route_key
 from prism_launcher.cluster import PrismCluster
 from prism_launcher.router import Replica, RouterOptions, NginxRouter, read_access_log, render_nginx_conf
-from prism_launcher.server import python_stubs, stop_with_parent
+from prism_launcher.server import python_stubs
 from prism_backend.config import ConfigError
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
-TICKETS = [json.loads(line)["material"] for line in open(REPO_ROOT / "evals" / "data" / "tickets.jsonl")]
-# ~250-token support threads: long enough to fill whole 128-token prefix-cache blocks
-THREADS = ["\n\n".join(TICKETS[4 * i : 4 * i + 4]) for i in range(12)]
 
 
 class FakeServer:
@@ -159,107 +154,6 @@ def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(
     check = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "pod.conf")],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
-
-
-class Cluster:
-    """`prism serve [--replicas N]` as a user starts it; addresses read from what it prints."""
-
-    def __init__(self, replicas: int = 2, env: dict[str, str] | None = None, args: tuple[str, ...] = ()):
-        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.stderr_path = REPO_ROOT / ".run" / f"cluster-cli-{self.http_port}.log"
-        self.stderr_path.parent.mkdir(exist_ok=True)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "prism_launcher.cli", "serve", "--replicas", str(replicas),
-             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-             "--metrics-port", str(self.metrics_port), "--ready-timeout", "900", *args],
-            stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True, cwd=REPO_ROOT,
-            env={**os.environ, **(env or {})},
-            preexec_fn=stop_with_parent,  # SIGTERM (a clean stop) if the test process dies
-        )
-        self.replicas: list[dict] = []
-        self.access_log: Path | None = None
-        self._read_banner()
-
-    def _read_banner(self) -> None:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter_until_ready(self.process.stdout)), daemon=True)
-        reader.start()
-        reader.join(1200)
-        if not lines or "ready" not in lines[-1]:
-            self.process.kill()
-            raise RuntimeError(f"cluster did not start: {lines}\n{self.stderr_path.read_text()[-3000:]}")
-        for line in lines:
-            m = re.search(r"replica (\d+): HTTP (\S+)  gRPC (\S+)  metrics (\S+)", line)
-            if m:
-                self.replicas.append({"http": m[2], "grpc": m[3], "metrics": m[4]})
-        self.access_log = Path(re.search(r"access log (\S+)", lines[-1])[1])
-        self.workdir = self.access_log.parent.parent
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    def replica_of(self, http_address: str) -> int:
-        return [r["http"] for r in self.replicas].index(http_address)
-
-    def server_pids(self, index: int) -> list[int]:
-        """tritonserver processes of replica `index` (their command line names its repository)."""
-        return processes_with(b"tritonserver", f"{self.workdir}/replica-{index}/model_repository".encode())
-
-    def resident_bytes(self, index: int) -> int:
-        """Resident memory of replica `index`: its tritonserver and the stubs it started."""
-        total = 0
-        for pid in self.server_pids(index):
-            for p in [pid, *python_stubs(pid)]:
-                try:
-                    total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-                except OSError:
-                    pass
-        return total
-
-    def kill_replica(self, index: int) -> None:
-        """SIGKILL replica `index`'s tritonserver and its Python stubs (their process groups)."""
-        for group in {os.getpgid(pid) for pid in self.server_pids(index)}:
-            os.killpg(group, signal.SIGKILL)
-
-    def log_since(self, offset: int) -> str:
-        """What `prism serve` wrote to stderr after the first `offset` characters."""
-        return self.stderr_path.read_text()[offset:]
-
-    def group_processes(self) -> list[int]:
-        """Every process still running from this cluster's directory (servers, stubs, nginx)."""
-        return processes_with(str(self.workdir).encode())
-
-
-def stop_cleanly(cluster: Cluster) -> float:
-    """Ctrl-C, as a user stops it: exit code 0, nothing left running. Returns the seconds it took."""
-    if cluster.process.poll() is not None:
-        return 0.0
-    started = time.monotonic()
-    cluster.process.send_signal(signal.SIGINT)
-    try:
-        assert cluster.process.wait(120) == 0
-    except subprocess.TimeoutExpired:
-        cluster.process.kill()  # its servers and router get SIGTERM from the kernel (PR_SET_PDEATHSIG)
-        raise
-    took = time.monotonic() - started
-    assert "router and replicas stopped" in cluster.stderr_path.read_text()
-    assert wait_for(lambda: not cluster.group_processes(), 30)
-    return took
-
-
-def exit_timeouts(cluster: Cluster) -> list[str]:
-    """Log lines of replicas that waited out tritonserver's --exit-timeout-secs on stop (a dead
-    stub does that to Triton 2.51) instead of stopping when their models had unloaded."""
-    return [line for log in sorted(cluster.workdir.glob("replica-*/tritonserver.log"))
-            for line in log.read_text(errors="replace").splitlines() if "Exit timeout expired" in line]
-
-
-def iter_until_ready(stream):
-    for line in stream:
-        yield line.rstrip("\n")
-        if line.startswith("prism: ready"):
-            return
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import yaml
 
 from prism_client.client import PrismClient
 
-from conftest import REPO_ROOT, SAMPLE_TICKET
+from helpers import REPO_ROOT, SAMPLE_TICKET
 
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "prism-dashboard.json"
 ALERTS = REPO_ROOT / "deploy" / "prometheus" / "prism-alerts.yml"

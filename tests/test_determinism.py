@@ -9,7 +9,7 @@ from prism_backend.model.quant import Int8Linear
 from prism_backend.serving.determinism import batchings, engine_self_check, synthetic_requests, thread_count_check
 from prism_client.determinism import CHECK_REQUESTS, digest
 
-from conftest import SAMPLE_TICKET
+from helpers import SAMPLE_TICKET
 from helpers import skip_unless_route_available
 
 

@@ -14,7 +14,7 @@ from prism_backend.model.loader import CheckpointError, load_model
 from prism_backend.model.reference import HFReference
 from prism_backend.serving.pipeline import DecisionPipeline
 
-from conftest import REGISTRY, SAMPLE_TICKET, TINY_ARCHS
+from helpers import REGISTRY, SAMPLE_TICKET, TINY_ARCHS
 
 TOLERANCE = 1e-5
 BIG_TASK = json.dumps({"question": "Which product line is this about?",

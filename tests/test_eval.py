@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 
 DATA = REPO_ROOT / "evals" / "data"
 
@@ -24,7 +24,6 @@ def test_eval_sets_are_complete_and_labelled():
 
 
 def test_generator_reproduces_the_committed_data(tmp_path):
-    sys.path.insert(0, str(REPO_ROOT / "evals"))
     from generate import generate
 
     for name, rows in generate().items():
@@ -47,7 +46,6 @@ def test_eval_slice_runs(tmp_path):
 
 def test_report_without_the_bf16_reference():
     """`run_eval.py --no-bf16`: the bf16 columns read nan, the int8 and fp32 ones are computed."""
-    sys.path.insert(0, str(REPO_ROOT / "evals"))
     from run_eval import report
 
     per_set = {"ticket_team": {"acc_int8": [True, False], "acc_fp32": [True, True], "agree_int8": [True, False],

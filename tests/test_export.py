@@ -20,7 +20,7 @@ from prism_client.client import PrismClient, PrismError
 from prism_launcher.export import ENV_ARCHIVE, LIBRARY_FOLDER, MANIFEST, PARAMETER, export_repository
 from prism_launcher.server import REPO_ROOT, triton_install, wait_until_serving
 
-from conftest import SAMPLE_TICKET, free_port
+from helpers import SAMPLE_TICKET, free_port
 
 TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
 MATERIALS = [SAMPLE_TICKET, "My invoice is wrong and nobody answers my emails."]
@@ -173,6 +173,7 @@ def test_export_refuses_an_unknown_parameter(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.server
 def test_prism_serve_takes_an_exported_repository_as_it_is(tmp_path):
     """`prism serve --repository DIR` starts tritonserver on DIR itself: nothing rendered, nothing copied."""
     from prism_launcher.server import ServerOptions, TritonServer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import REGISTRY
+from helpers import REGISTRY
 
 from kernels.triton.exact_gemm import int8_gemm, int8_gemm_reference
 from kernels.triton.tree_attention import build_layout, tree_attention, tree_attention_reference

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import free_port
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "prism_backend"

@@ -7,13 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tritonclient.http as httpclient
 
 from prism_client.client import PrismClient
 from prism_launcher.security import ADMIN_HEADER
 from prism_launcher.server import ServerOptions, TritonServer, python_stubs
 
-from conftest import SAMPLE_TICKET, free_port, wait_for
+from helpers import SAMPLE_TICKET, free_port, wait_for
+
+pytestmark = pytest.mark.server  # every test here starts a tritonserver
 
 
 def options(model_dir, **kw):

@@ -10,7 +10,7 @@ import torch
 from prism_backend.engine.prefix_cache import CacheEntry, PrefixCache, block_key
 from prism_backend.serving.pipeline import DecisionPipeline
 
-from conftest import REGISTRY, SAMPLE_TICKET
+from helpers import REGISTRY, SAMPLE_TICKET
 
 QUESTIONS = ["team", "severity", "reply_time"]
 

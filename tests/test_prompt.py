@@ -4,7 +4,7 @@ import pytest
 from prism_backend.errors import RequestError
 from prism_backend.text.tasks import Task
 
-from conftest import SAMPLE_TICKET
+from helpers import SAMPLE_TICKET
 
 TASKS = [
     Task("team", 1, "Which team should handle this ticket?", ("Billing", "Technical support", "Sales")),

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REGISTRY, REPO_ROOT, SAMPLE_TICKET, free_port, wait_for
+from helpers import REGISTRY, REPO_ROOT, SAMPLE_TICKET, free_port, wait_for
 from prism_backend.config import ConfigError
 from prism_client.client import (ROUTE_HEADER, PrismClient, PrismError, PrismOverloaded, retry_delay, retry_delays,
                                  server_error)
@@ -32,7 +32,7 @@ from prism_launcher.router import (DEFAULT_MAX_REQUEST_BYTES, NO_REPLICA_RETRY_A
                                  read_access_log)
 from prism_launcher.security import ADMIN_HEADER, TRITON_GRPC_ADMIN_HEADER
 from prism_launcher.server import python_stubs
-from test_cluster import TICKETS, Cluster, exit_timeouts, stop_cleanly
+from helpers import TICKETS, Cluster, exit_timeouts, stop_cleanly
 
 TOKEN = "test-admin-token-0123456789"
 MAX_QUEUE_WAIT_S = 5  # the front fixture's bound, shorter than the default 10 s
@@ -342,9 +342,6 @@ def test_prism_health_probe(front):
 
 def test_perf_analyzer_runs_through_the_front(front):
     """perf_analyzer needs only the allow-list (metadata, config, statistics, inference)."""
-    import sys
-
-    sys.path.insert(0, str(REPO_ROOT / "perf_analyzer_configs"))
     from run_perf import HERE, run_perf
 
     result = run_perf(front.url, HERE / "unshared.json", concurrency=1, request_count=6)

@@ -11,7 +11,7 @@ import pytest
 
 from prism_client.client import PrismClient, PrismError
 
-from conftest import REPO_ROOT, SAMPLE_TICKET
+from helpers import REPO_ROOT, SAMPLE_TICKET, metric, scrape
 
 TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
 
@@ -117,27 +117,6 @@ def test_cli_reports_server_error(server):
     assert done.returncode == 1 and "unknown task 'nope'" in done.stderr
 
 
-def scrape(server) -> dict[str, float]:
-    """Prometheus text from the server's metrics port -> {name{labels}: value} for prism_* series."""
-    return scrape_url(f"http://localhost:{server.options.metrics_port}/metrics")
-
-
-def scrape_url(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url) as r:
-        text = r.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("prism_"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
-
-
-def metric(values: dict[str, float], name: str) -> float:
-    """Sum of a metric over its label sets (instances)."""
-    return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
-
-
 def test_concurrent_callers_share_one_forest(server):
     """Three callers, one question each about the same ticket: only cross-request batching can
     make the shared-prefix hit rate positive, since no single request shares anything."""
@@ -206,7 +185,6 @@ def test_asyncio_client(server, protocol):
 
 def test_perf_analyzer_runs_against_the_ensemble(server):
     """The real perf_analyzer binary from .venv, with the committed input-data file."""
-    sys.path.insert(0, str(REPO_ROOT / "perf_analyzer_configs"))
     from run_perf import HERE, run_perf
 
     result = run_perf(f"localhost:{server.options.http_port}", HERE / "unshared.json", concurrency=1, request_count=6)

@@ -13,8 +13,8 @@ from prism_client.client import PrismClient
 from prism_client.determinism import CHECK_REQUESTS, digest
 from prism_launcher.server import ServerOptions, TritonServer
 
-from conftest import REGISTRY, REPO_ROOT, free_port
-from test_server import metric, scrape
+from helpers import REGISTRY, REPO_ROOT, free_port
+from helpers import metric, scrape
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-instance", "2-instances"])

@@ -9,7 +9,7 @@ from prism_backend.model.smoothing import apply_smoothing, calibrate
 from prism_backend.model.transformer import ForestTransformer
 from prism_backend.engine.calibration import calibration_requests
 
-from conftest import TINY_ARCHS
+from helpers import TINY_ARCHS
 
 
 def hidden_before_and_after(model_dir, alpha=0.5):

@@ -6,7 +6,7 @@ import pytest
 from prism_backend.errors import RequestError
 from prism_backend.text.tasks import TaskRegistry
 
-from conftest import REGISTRY
+from helpers import REGISTRY
 
 
 @pytest.fixture

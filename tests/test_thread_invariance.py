@@ -15,7 +15,7 @@ from prism_backend.model.quant import Int8Linear
 from prism_backend.model.scoring import score_answer
 from prism_backend.reproducibility import strict_blas_active, torch_threads
 
-from conftest import SAMPLE_TICKET
+from helpers import SAMPLE_TICKET
 
 THREADS = (1, 2, 3, 4)
 
@@ -124,7 +124,7 @@ def test_engine_bits_with_1_to_4_threads(fp32_config):
     from prism_backend.engine.engine import DecisionEngine
     from prism_backend.text.frontend import Frontend
 
-    from conftest import REGISTRY
+    from helpers import REGISTRY
 
     config = fp32_config.replace(precision="int8", prefix_cache_bytes=64 << 20, prefill_chunk_tokens=256,
                                  kv_block_tokens=64)

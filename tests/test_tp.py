@@ -16,7 +16,7 @@ from prism_client.client import PrismClient, PrismError
 from prism_launcher.security import ADMIN_HEADER
 from prism_launcher.server import ServerOptions, TritonServer
 
-from conftest import REGISTRY, SAMPLE_TICKET, free_port, processes_with, wait_for
+from helpers import REGISTRY, SAMPLE_TICKET, free_port, processes_with, wait_for
 
 BATCH = [{"material": SAMPLE_TICKET, "tasks": ["team", "severity", "reply_time"]},
          {"material": "The mobile app logs me out every few minutes.", "tasks": ["severity@1"]},
@@ -91,6 +91,7 @@ def test_a_dead_worker_fails_requests_fast(tiny_model_dir):
         tp2.engine.close()
 
 
+@pytest.mark.server
 def test_server_tp2_with_two_instances(model_dir, int8_pipeline):
     """--instances 2 --tp 2 through a real server: TP = 1 bits, workers gone after an unload and
     after shutdown, a killed worker turns requests into a clear UNAVAILABLE error."""
