@@ -27,16 +27,18 @@ def cmd_decide(args) -> int:
     except PrismError as exc:
         print(f"prism: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps([d.__dict__ for d in decisions], indent=2))
-        return 0
-    for d in decisions:
-        name = d.task if d.version is None else f"{d.task}@{d.version}"
-        print(f"{name}: {d.label}")
-        for option, p in d.probabilities.items():
-            marker = "*" if option == d.label else " "
-            print(f"  {marker} {p:7.2%}  {'#' * round(p * 30):<30}  {option}")
+    print(json.dumps([d.__dict__ for d in decisions], indent=2) if args.json else format_decisions(decisions))
     return 0
+
+
+def format_decisions(decisions) -> str:
+    """`prism decide`'s table: per task its label, then each option's probability as a bar."""
+    lines = []
+    for d in decisions:
+        lines.append(f"{d.task if d.version is None else f'{d.task}@{d.version}'}: {d.label}")
+        for option, p in d.probabilities.items():
+            lines.append(f"  {'*' if option == d.label else ' '} {p:7.2%}  {'#' * round(p * 30):<30}  {option}")
+    return "\n".join(lines)
 
 
 def cmd_health(args) -> int:
