@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from prism_backend.config import ConfigError
+from prism_backend.paths import user_cache_dir
 
 DISTRIBUTION = "prism-decisions"
 # Requirements of the launcher and of `prism setup`, not of the models inside Triton.
@@ -97,7 +98,7 @@ def environment_key(model_environment: dict[str, str]) -> str:
 
 def default_cache_dir() -> Path:
     """Outside the checkout, so fresh clones (CI) on the same machine reuse the archive."""
-    return Path(os.environ.get("PRISM_ENV_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "execution-envs")
+    return user_cache_dir("execution-envs", "PRISM_ENV_CACHE") or Path(tempfile.gettempdir()) / "prism-execution-envs"
 
 
 def packed_environment(model_environment: dict[str, str], cache_dir: Path | None = None, log=print) -> Path:

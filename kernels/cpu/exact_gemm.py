@@ -43,6 +43,7 @@ _why_not: str | None = None
 
 
 def _cache_dirs() -> list[Path]:
+    # the user cache follows prism_backend.paths.user_cache_dir's rule (kernels import nothing of Prism)
     env = [Path(os.environ["PRISM_KERNEL_CACHE"])] if os.environ.get("PRISM_KERNEL_CACHE") else []
     try:
         user = [Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "kernels"]

@@ -38,6 +38,7 @@ from ..config import EngineConfig
 from ..forest import EncodedRequest
 from ..model.loader import ModelSpec, load_model
 from ..model.transformer import ForestTransformer
+from ..paths import user_cache_dir
 from ..reproducibility import torch_threads
 from ..text.prompt import render_prompt
 from ..text.tasks import Task
@@ -107,15 +108,9 @@ OFF = "off"
 
 def cache_dir() -> Path | None:
     """The folder of stored statistics, or None when PRISM_CALIBRATION_CACHE=off."""
-    chosen = os.environ.get("PRISM_CALIBRATION_CACHE", "")
-    if chosen == OFF:
+    if os.environ.get("PRISM_CALIBRATION_CACHE", "") == OFF:
         return None
-    if chosen:
-        return Path(chosen)
-    try:
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "calibration"
-    except RuntimeError:  # no home directory (a service account): no cache
-        return None
+    return user_cache_dir("calibration", "PRISM_CALIBRATION_CACHE")
 
 
 def _source_digest() -> str:
