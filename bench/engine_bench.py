@@ -23,7 +23,7 @@ from workloads import RESULTS, WORKLOADS, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH  # noqa: E402
-from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_launcher.reference import HFReference  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
 

@@ -41,7 +41,7 @@ from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_launcher.reference import HFReference  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402

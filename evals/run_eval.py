@@ -24,7 +24,7 @@ DATA = ROOT / "evals" / "data"
 
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
-from prism_backend.model.reference import HFReference  # noqa: E402
+from prism_launcher.reference import HFReference  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
 BATCH = 16  # documents per forest

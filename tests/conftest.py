@@ -51,7 +51,7 @@ def int8_pipeline(fp32_config):
 
 @pytest.fixture(scope="session")
 def hf_reference(model_dir):
-    from prism_backend.model.reference import HFReference
+    from prism_launcher.reference import HFReference
 
     return HFReference(model_dir)
 

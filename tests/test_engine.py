@@ -11,7 +11,7 @@ from prism_backend.errors import RequestError, run_valid
 from prism_backend.engine.forest_builder import build_forest
 from prism_backend.forest import EncodedRequest
 from prism_backend.model.loader import CheckpointError, load_model
-from prism_backend.model.reference import HFReference
+from prism_launcher.reference import HFReference
 from prism_backend.serving.pipeline import DecisionPipeline
 
 from helpers import REGISTRY, SAMPLE_TICKET, TINY_ARCHS

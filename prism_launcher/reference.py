@@ -1,6 +1,7 @@
-"""The generic path, for tests and benchmarks: Hugging Face transformers, one full forward per
-question, full-vocabulary softmax at the last position, restricted to the candidates and
-renormalised. This is what Prism must equal (in fp32) and beat (in speed).
+"""The generic path, for tests, benchmarks and the eval (never served, so not in the engine):
+Hugging Face transformers, one full forward per question, full-vocabulary softmax at the last
+position, restricted to the candidates and renormalised. This is what Prism must equal (in fp32)
+and beat (in speed).
 """
 from __future__ import annotations
 
