@@ -32,7 +32,7 @@ from prism_launcher.router import (DEFAULT_MAX_REQUEST_BYTES, NO_REPLICA_RETRY_A
                                  read_access_log)
 from prism_launcher.security import ADMIN_HEADER, TRITON_GRPC_ADMIN_HEADER
 from prism_launcher.server import python_stubs
-from helpers import TICKETS, Cluster, exit_timeouts, stop_cleanly
+from helpers import TICKETS, Cluster, exit_timeouts, scrape_url, stop_cleanly
 
 TOKEN = "test-admin-token-0123456789"
 MAX_QUEUE_WAIT_S = 5  # the front fixture's bound, shorter than the default 10 s
@@ -366,6 +366,15 @@ def test_overload_is_answered_with_503_and_bounded_waits(front):
     admitted requests are answered within the bound (max_queue_wait_s, plus one execution's slack
     for busy cores), memory stays bounded, and the server answers normally afterwards."""
     before = probabilities(front.url)
+    metrics_url = f"http://127.0.0.1:{front.metrics_port}/metrics"
+
+    def counted(name: str, **labels) -> float:
+        return sum(v for k, v in scrape_url(metrics_url).items()
+                   if k.startswith(name + "{") and all(f'{key}="{value}"' in k for key, value in labels.items()))
+
+    refused_before = counted("prism_rejected_requests_total", reason="door")
+    overdue_before = counted("prism_rejected_requests_total", reason="overdue")
+    waits_before = counted("prism_queue_wait_seconds_count", lane="bulk")
     deadline = time.monotonic() + 15
     results: list[tuple[str, float]] = []
     refusals: list[PrismOverloaded] = []
@@ -422,6 +431,12 @@ def test_overload_is_answered_with_503_and_bounded_waits(front):
     headers, body = raw_refusals[0]
     assert headers.get("Retry-After") == "1" and "retry after" in json.loads(body)["error"]
     assert peak_rss[0] < 6 * 2**30
+    # the metrics count what the callers saw: every 503 here was refused at the door (the backstop
+    # may add a few "overdue"), and every admitted request's queue wait was observed
+    door = counted("prism_rejected_requests_total", reason="door") - refused_before
+    overdue = counted("prism_rejected_requests_total", reason="overdue") - overdue_before
+    assert door > 0 and door + overdue == len(rejected)
+    assert counted("prism_queue_wait_seconds_count", lane="bulk") - waits_before >= len(admitted)
     assert probabilities(front.url) == before
 
 

@@ -8,9 +8,13 @@ machine pick exactly what an AVX2-only one picks:
 
     PRISM_CPU_ISA=avx2   Prism's kernels ignore the CPU's AVX-512 flags (read once per process).
 
-torch and oneDNN choose their own kernels when they start; AVX2_ENVIRONMENT sets their switches too
-(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), so a process started with it computes as on an AVX2-only
-CPU as far as software can arrange (tests/test_cpu_kinds.py runs the engine that way).
+torch chooses its own kernels when it starts; AVX2_ENVIRONMENT sets its switch too
+(ATEN_CPU_CAPABILITY), so a process started with it computes as on an AVX2-only CPU as far as
+software can arrange (tests/test_cpu_kinds.py runs the engine that way; `make test` with it runs the
+whole suite so). Not oneDNN's ONEDNN_MAX_CPU_ISA=AVX2: torch still hands `torch._int_mm` to oneDNN
+where the CPU has VNNI, and oneDNN's AVX2 int8 kernel then saturates int16 pair sums (vpmaddubsw:
+measured wrong sums for 8-bit operands), a combination no real machine runs (an AVX2-only CPU takes
+torch's own exact loop). Nor MKL's code branch (MKL_CBWR), which Prism sets to AUTO,STRICT itself.
 """
 from __future__ import annotations
 
@@ -20,9 +24,9 @@ from pathlib import Path
 
 ISA_VARIABLE = "PRISM_CPU_ISA"
 ISA_CHOICES = ("native", "avx2")
-# A child process started with these computes as on an AVX2-only CPU: Prism's kernels, torch's
-# dispatch (ATen's CPU capability) and oneDNN's (its int8 GEMMs behind torch._int_mm).
-AVX2_ENVIRONMENT = {ISA_VARIABLE: "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# A child process started with these computes as on an AVX2-only CPU: Prism's kernels and torch's
+# dispatch (ATen's CPU capability).
+AVX2_ENVIRONMENT = {ISA_VARIABLE: "avx2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 def _isa_cap() -> str:
