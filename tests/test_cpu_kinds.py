@@ -47,7 +47,7 @@ def test_an_unknown_isa_cap_is_refused(monkeypatch):
 
 
 # In a process started as on an AVX2-only CPU: the default and the 8-bit rung (one pass a side)
-# take the int16 kernel, and the served self-check (batch composition, cache state, thread count)
+# take a route that CPU has, and the served self-check (batch composition, cache state, thread count)
 # finds nothing that breaks bit-identity.
 AVX2_ENGINE_CHECK = """
 import json, sys, torch
@@ -75,5 +75,7 @@ def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["kind"] == "AVX2 (forced)" and result["torch"] == "AVX2", result
     for passes, rung in result["rungs"].items():
-        assert rung["route"] == "int16", (passes, rung)
+        # a route an AVX2-only CPU has (never the 8-bit kernel); which wins is timed: on a real AVX2
+        # CPU `int_mm` is torch's slow loop and loses to int16, here it is oneDNN's VNNI kernel
+        assert rung["route"] in ("int16", "int_mm", "float"), (passes, rung)
         assert rung["problems"] == [], (passes, rung)
