@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kernels.cpu.features import AVX2_ENVIRONMENT
 from prism_client.client import PrismClient, PrismError
 from prism_launcher.export import ENV_ARCHIVE, LIBRARY_FOLDER, MANIFEST, PARAMETER, export_repository
 from prism_launcher.server import REPO_ROOT, triton_install, wait_until_serving
@@ -51,8 +52,13 @@ class BareTriton:
         paths = triton_install()
         self.http_port, self.grpc_port, metrics_port = free_port(), free_port(), free_port()
         self.log = cwd / "tritonserver.log"
+        # The machine kind is not Prism's environment: a run that forces the AVX2 path (the switches of
+        # kernels/cpu/features.py) forces it on the bare server too, or its float steps would take
+        # the native path and give the other kind's bits.
+        machine_kind = [f"{k}={os.environ[k]}" for k in AVX2_ENVIRONMENT if os.environ.get(k)]
         command = [
             "env", "-i", f"LD_LIBRARY_PATH={paths['libs']}",  # the server binary's own libraries
+            *machine_kind,
             str(paths["server"]), f"--model-repository={repository}",
             f"--backend-directory={container_like_backends(paths, cwd / 'backends')}",
             f"--cache-directory={paths['caches']}",
