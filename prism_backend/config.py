@@ -16,6 +16,9 @@ from typing import Any
 
 PRECISIONS = ("int8", "fp32")
 KERNEL_BACKENDS = ("auto", "torch", "triton")
+# config.pbtxt parameters Triton's Python backend reads itself, not the engine: EXECUTION_ENV_PATH
+# names the packed Python environment of an exported repository (prism_launcher/export.py).
+BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful decision assistant. Read the material and answer the question "
     "with the letter of the single best option."

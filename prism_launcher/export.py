@@ -89,7 +89,7 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -
         log(f"note: the export carries no exact GEMM library ({exact_gemm.why_not()}); its servers build it or use the float route")
     env_path = f"$$TRITON_MODEL_DIRECTORY/../{ENV_ARCHIVE}"
     for model in _python_models(staging):
-        _edit_config(model, lambda text: add_parameter(text, "EXECUTION_ENV_PATH", env_path))
+        _edit_config(model, lambda text: set_parameter(text, "EXECUTION_ENV_PATH", env_path))
         shutil.copy2(stub, model / STUB)
         for package in ENGINE_PACKAGES:
             shutil.copytree(_package_dir(package), model / package, ignore=shutil.ignore_patterns("__pycache__", "lib"))
@@ -100,12 +100,6 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -
     archive = packed_environment(MODEL_ENVIRONMENT, env_cache, log=log)
     _link_or_copy(archive, staging / ENV_ARCHIVE)
     (staging / MANIFEST).write_text(json.dumps(manifest(options, staging), indent=2, sort_keys=True) + "\n")
-
-
-def add_parameter(config_text: str, key: str, value: str) -> str:
-    if f'key: "{key}"' in config_text:
-        raise ConfigError(f"config.pbtxt already has a parameter {key!r}")
-    return config_text.rstrip("\n") + f'\nparameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
 
 
 def _edit_config(model: Path, edit) -> None:

@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism_backend.config import PRECISIONS, ConfigError, EngineConfig
+from prism_backend.config import BACKEND_PARAMETERS, PRECISIONS, ConfigError, EngineConfig
 from prism_backend.paths import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, REPO_ROOT
 from prism_backend.processes import die_with_parent
 from prism_backend.reproducibility import MKL_CBWR_ENV
@@ -31,7 +31,7 @@ from .security import triton_restriction_flags, validate_admin_token
 
 RUN_DIR = REPO_ROOT / ".run"
 # What set_parameter may write: the engine's knobs, and what Triton's Python backend reads itself.
-PARAMETER_KEYS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | {"EXECUTION_ENV_PATH"}
+PARAMETER_KEYS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | set(BACKEND_PARAMETERS)
 STUB_DEATH_GRACE_S = 1.0  # a dead stub whose server exits within this was killed with it
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
@@ -58,7 +58,7 @@ class ServerOptions:
     max_batch_size: int | None = None  # prism_decision's; None keeps config.pbtxt's
     servers_on_machine: int = 1  # replicas sharing these cores (prism_launcher/cluster.py), for the thread share
     admin_token: str | None = None  # Triton's admin APIs need it (security.py); None: closed to all
-    max_queue_wait_s: float | None = None  # prism_decision's admission bound; None keeps config.pbtxt's
+    max_queue_wait_s: float | None = None  # prism_decision's admission bound; None keeps config.py's default
     # An exported repository (prism_launcher/export.py) to serve as it is, instead of rendering model_repository/
     repository: Path | None = None
 

@@ -53,6 +53,7 @@ class Rejection:
     reason: str  # one of REASONS
     message: str
     retry_after_s: int
+    urgent: bool  # the lane of the refused request
 
 
 @dataclass
@@ -94,16 +95,15 @@ class Scheduler:
         with self._cond:
             now = self.clock()
             if self._stopping:
-                return Rejection("stopping", "the decision model is being unloaded; retry on another replica", 1)
+                return Rejection("stopping", "the decision model is being unloaded; retry on another replica", 1, urgent)
             answered_in = self.expected_answer_s(urgent, now)
             if self._busy() and answered_in > self.planned_s:
                 retry = retry_hint(answered_in - self.planned_s)
-                queued = len(self._lanes[True]) + (0 if urgent else len(self._lanes[False]))
                 lane = "urgent" if urgent else "bulk"
                 return Rejection("door", (
                     f"overloaded: a {lane} request now would wait about {answered_in:.1f} s for its answer "
-                    f"({queued} queued ahead of it), more than the {self.bound_s:g} s bound allows "
-                    f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry)
+                    f"({self._ahead(urgent)} queued ahead of it), more than the {self.bound_s:g} s bound allows "
+                    f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry, urgent)
             self._lanes[urgent].append(Ticket(item, urgent, now))
             self._cond.notify()
             return None
@@ -111,12 +111,16 @@ class Scheduler:
     def expected_answer_s(self, urgent: bool, now: float) -> float:
         """Seconds until a request submitted now would be answered: the rest of the running batch,
         then the queued requests it does not overtake and itself, at the measured rate."""
-        ahead = len(self._lanes[True]) + (0 if urgent else len(self._lanes[False]))
         running_left = 0.0
         if self._running is not None:
             started, size = self._running
             running_left = max(0.0, started + size * self.seconds_per_request - now)
-        return running_left + (ahead + 1) * self.seconds_per_request
+        return running_left + (self._ahead(urgent) + 1) * self.seconds_per_request
+
+    def _ahead(self, urgent: bool) -> int:
+        """Queued requests a new one of this lane would not overtake: urgent ones, and for a bulk
+        request the bulk ones too."""
+        return len(self._lanes[True]) + (0 if urgent else len(self._lanes[False]))
 
     def queued(self) -> int:
         with self._cond:
@@ -131,7 +135,8 @@ class Scheduler:
                 lane.clear()
             self._cond.notify_all()
         for ticket in left:
-            self.reject(ticket.item, Rejection("stopping", "the decision model is being unloaded; retry", 1))
+            self.reject(ticket.item, Rejection("stopping", "the decision model is being unloaded; retry", 1,
+                                               ticket.urgent))
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -171,7 +176,7 @@ class Scheduler:
                 self.reject(ticket.item, Rejection("overdue", (
                     f"overloaded: waited {ticket.waited:.1f} s in the queue and could no longer be answered "
                     f"within the {self.bound_s:g} s bound (prism serve --max-queue-wait-s); retry after {retry} s"),
-                    retry))
+                    retry, ticket.urgent))
             if not batch:
                 continue
             start = self.clock()
@@ -179,7 +184,7 @@ class Scheduler:
                 self.run_batch(batch)  # answers every ticket of the batch, also on errors
             except Exception as exc:  # a bug in run_batch: answer its tickets, keep the thread alive
                 for ticket in batch:
-                    self.reject(ticket.item, Rejection("error", f"internal error: {exc!r}", 1))
+                    self.reject(ticket.item, Rejection("error", f"internal error: {exc!r}", 1, ticket.urgent))
             finally:
                 per_request = (self.clock() - start) / len(batch)
                 with self._cond:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import EngineConfig
+from ..config import BACKEND_PARAMETERS, EngineConfig
 from ..engine.engine import DecisionEngine
 from ..errors import RequestError, or_error, run_valid
 from ..forest import EncodedRequest
@@ -44,17 +44,6 @@ def numpy_inputs(get_tensor, request, names) -> dict:
     return out
 
 
-# Parameters Triton's Python backend reads itself, not the engine: EXECUTION_ENV_PATH names the
-# packed Python environment of an exported repository (prism_launcher/export.py).
-BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
-
-
-def metric_family_maker(pb_utils):
-    """The metric-family factory metrics.py is written against, over Triton's pb_utils.MetricFamily."""
-    def make_family(name, description, kind):
-        return pb_utils.MetricFamily(name=name, description=description,
-                                     kind=getattr(pb_utils.MetricFamily, kind.upper()))
-    return make_family
 
 
 def is_urgent(request_parameters: str) -> bool:

@@ -13,8 +13,11 @@ import triton_python_backend_utils as pb_utils
 from prism_backend.errors import EngineUnavailable, RequestError
 from prism_backend.serving.metrics import AdmissionMetrics, EngineMetrics
 from prism_backend.serving.scheduler import REASONS, Scheduler
-from prism_backend.serving.steps import (TOKEN_TENSORS, DecisionStep, is_urgent, metric_family_maker, numpy_inputs,
-                                         triton_engine_config)
+from prism_backend.serving.steps import TOKEN_TENSORS, DecisionStep, is_urgent, numpy_inputs, triton_engine_config
+
+
+def make_family(name, description, kind):
+    return pb_utils.MetricFamily(name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind.upper()))
 
 
 def answer(request, response):
@@ -26,7 +29,6 @@ class TritonPythonModel:
         config = triton_engine_config(args)
         self.step = DecisionStep(config)
         labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
-        make_family = metric_family_maker(pb_utils)
         self.metrics = EngineMetrics(make_family, labels)
         self.admission = AdmissionMetrics(make_family, labels, REASONS)
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
@@ -41,15 +43,13 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            urgent = is_urgent(request.parameters())
-            rejection = self.scheduler.submit(request, urgent)
+            rejection = self.scheduler.submit(request, is_urgent(request.parameters()))
             if rejection is not None:
-                self._reject(request, rejection, urgent)
+                self._reject(request, rejection)
         return None  # answered later, by the scheduler's thread
 
-    def _reject(self, request, rejection, urgent=None):
-        urgent = is_urgent(request.parameters()) if urgent is None else urgent
-        self.admission.rejected["urgent" if urgent else "bulk", rejection.reason].increment(1)
+    def _reject(self, request, rejection):
+        self.admission.rejected["urgent" if rejection.urgent else "bulk", rejection.reason].increment(1)
         answer(request, pb_utils.InferenceResponse(
             error=pb_utils.TritonError(rejection.message, pb_utils.TritonError.UNAVAILABLE)))
 
