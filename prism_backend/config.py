@@ -14,7 +14,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-PRECISIONS = ("int8", "fp32")
+# int8: 8-bit x 8-bit products on a rotated, GPTQ-rounded model (model/rotation.py, model/gptq.py),
+#       the projections named in `keep_exact` in the exact scheme; exact: every projection in the
+#       exact integer scheme (13-bit integers by default, SmoothQuant-smoothed); fp32: float32.
+PRECISIONS = ("int8", "exact", "fp32")
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 # config.pbtxt parameters Triton's Python backend reads itself, not the engine: EXECUTION_ENV_PATH
 # names the packed Python environment of an exported repository (prism_launcher/export.py).
@@ -34,8 +38,8 @@ class ComputeSettings:
     """How the model computes; its defaults are the plain fp32 model (calibration, tests)."""
 
     precision: str = "fp32"
-    act_passes: int = 1  # int8 activation quantisation passes (model/quant.py)
-    weight_passes: int = 1  # int8 weight quantisation passes
+    act_passes: int = 1  # the exact scheme's activation quantisation passes (model/quant.py)
+    weight_passes: int = 1  # the exact scheme's weight quantisation passes
     kernels: str = "auto"  # see EngineConfig.kernels
     group: Any = None  # this rank's model.tp.TPGroup under tensor parallelism, else None
 
@@ -63,13 +67,15 @@ class ComputeSettings:
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: Path
-    precision: str = "int8"
-    # int8 passes per token and per weight (model/quant.py): P passes = integers up to 127 * 128^(P-1).
-    # One pass each side is plain W8A8 (~0.02 off fp32: the int8 weights' rounding sets the error);
-    # two each are ~1e-4 off, and cost one exact float64 GEMM on CPUs without VNNI (model/exact_matmul.py)
+    precision: str = "int8"  # see PRECISIONS
+    # Under int8, the projections kept in the exact scheme (the precision plan, engine/calibration.py):
+    # comma-separated names out of PROJECTIONS, each for every layer or for one ("down@0"); "" = none.
+    keep_exact: str = ""
+    # The exact scheme's passes per token and per weight (model/quant.py): P passes = integers up to
+    # 127 * 128^(P-1); two each (13-bit integers) are ~1e-3 off fp32 (one each is plain, unrotated W8A8).
     act_passes: int = 2
     weight_passes: int = 2
-    smooth_alpha: float = 0.5  # SmoothQuant migration strength for int8; 0 = no smoothing
+    smooth_alpha: float = 0.5  # SmoothQuant migration strength of the exact scheme; 0 = no smoothing
     max_candidates: int = 16  # tasks with more options take the full-vocabulary fallback
     max_options: int = 26  # options are lettered A..Z; more cannot be asked in one letter
     max_tasks_per_request: int = 32
@@ -99,6 +105,7 @@ class EngineConfig:
 
     def __post_init__(self):
         _ = self.compute  # building the compute settings checks precision, passes and kernels
+        _ = self.exact_plan  # checks keep_exact
         if not 2 <= self.max_candidates <= self.max_options:
             raise ConfigError(
                 f"max_candidates must be between 2 and {self.max_options}, got {self.max_candidates}"
@@ -116,6 +123,22 @@ class EngineConfig:
         if self.prefill_chunk_tokens and self.prefill_chunk_tokens < self.kv_block_tokens:
             raise ConfigError(f"prefill_chunk_tokens ({self.prefill_chunk_tokens}) must be 0 (no chunking) or at "
                               f"least kv_block_tokens ({self.kv_block_tokens})")
+
+    @property
+    def exact_plan(self) -> tuple[tuple[str, int | None], ...]:
+        """keep_exact parsed: (projection, layer or None for every layer) pairs."""
+        plan = []
+        for item in filter(None, (part.strip() for part in self.keep_exact.split(","))):
+            name, at, layer = item.partition("@")
+            if name not in PROJECTIONS or (at and not layer.isdigit()):
+                raise ConfigError(f"keep_exact: {item!r} is not a projection out of {PROJECTIONS}, "
+                                  "optionally with @layer (e.g. 'down' or 'down@0')")
+            plan.append((name, int(layer) if layer else None))
+        return tuple(plan)
+
+    def keeps_exact(self, name: str, layer: int) -> bool:
+        """Whether projection `name` of `layer` runs in the exact scheme under int8."""
+        return any(n == name and at in (None, layer) for n, at in self.exact_plan)
 
     @property
     def compute(self) -> ComputeSettings:

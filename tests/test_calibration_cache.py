@@ -22,20 +22,21 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def calibrations(monkeypatch):
-    """Counts the calibration forwards that really run."""
+    """Counts the calibrations that really run: SmoothQuant's forward (exact) and GPTQ's (int8)."""
     calls = []
-    real = calibration._calibrate
+    for name in ("_calibrate", "_gptq"):
+        real = getattr(calibration, name)
 
-    def counted(*args):
-        calls.append(args[0].model_dir)
-        return real(*args)
+        def counted(*args, real=real):
+            calls.append(args[0].model_dir)
+            return real(*args)
 
-    monkeypatch.setattr(calibration, "_calibrate", counted)
+        monkeypatch.setattr(calibration, name, counted)
     return calls
 
 
 def stats_of(model_dir):
-    return calibration.calibration_stats(EngineConfig(model_dir=model_dir, precision="int8"))
+    return calibration.calibration_stats(EngineConfig(model_dir=model_dir, precision="exact"))
 
 
 def same(a, b):
@@ -54,8 +55,10 @@ def test_stored_statistics_are_the_computed_ones(model_dir, cache, calibrations,
     assert same(stats_of(model_dir), warm) and len(calibrations) == 2
 
 
-def test_cold_and_warm_engines_give_the_same_bits(tiny_model_dir, cache, calibrations):
-    config = EngineConfig(model_dir=tiny_model_dir("qwen3"), precision="int8", prefix_cache_bytes=0)
+@pytest.mark.parametrize("precision", ["int8", "exact"])
+def test_cold_and_warm_engines_give_the_same_bits(tiny_model_dir, cache, calibrations, precision):
+    """Both calibrations: int8's GPTQ integers and exact's SmoothQuant statistics."""
+    config = EngineConfig(model_dir=tiny_model_dir("qwen3"), precision=precision, prefix_cache_bytes=0)
     cold = DecisionEngine(config)
     warm = DecisionEngine(config)
     assert len(calibrations) == 1

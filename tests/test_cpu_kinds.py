@@ -46,8 +46,8 @@ def test_an_unknown_isa_cap_is_refused(monkeypatch):
         cpu_features.cpu_flags.cache_clear()
 
 
-# In a process started as on an AVX2-only CPU: the default and the 8-bit rung (one pass a side)
-# take a route that CPU has, and the served self-check (batch composition, cache state, thread count)
+# In a process started as on an AVX2-only CPU: the int8 default (8-bit integers, one pass a side)
+# and the exact precision (13-bit, two passes) take a route that CPU has, and the served self-check (batch composition, cache state, thread count)
 # finds nothing that breaks bit-identity.
 AVX2_ENGINE_CHECK = """
 import json, sys, torch
@@ -56,10 +56,9 @@ from prism_backend.model import exact_matmul
 from prism_backend.serving.steps import DecisionStep
 from kernels.cpu.features import cpu_kind
 out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "rungs": {}}
-for passes in (2, 1):
-    step = DecisionStep(EngineConfig(model_dir=sys.argv[1], precision="int8", act_passes=passes,
-                                     weight_passes=passes, num_threads=2))
-    out["rungs"][passes] = {"route": exact_matmul.route(passes, passes), "problems": step.self_check_problems}
+for precision, passes in (("exact", 2), ("int8", 1)):
+    step = DecisionStep(EngineConfig(model_dir=sys.argv[1], precision=precision, num_threads=2))
+    out["rungs"][precision] = {"route": exact_matmul.route(passes, passes), "problems": step.self_check_problems}
     step.close()
 print(json.dumps(out))
 """
@@ -74,6 +73,7 @@ def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["kind"] == "AVX2 (forced)" and result["torch"] == "AVX2", result
+    assert set(result["rungs"]) == {"exact", "int8"}
     for passes, rung in result["rungs"].items():
         # a route an AVX2-only CPU has (never the 8-bit kernel); which wins is timed: on a real AVX2
         # CPU `int_mm` is torch's slow loop and loses to int16, here it is oneDNN's VNNI kernel

@@ -37,12 +37,12 @@ def test_smoothing_preserves_fp32_function_embedded(model_dir):
     torch.testing.assert_close(after, before, rtol=1e-3, atol=1e-3)
 
 
-def test_smoothed_int8_engine_is_reproducible(fp32_config):
+def test_smoothed_exact_engine_is_reproducible(fp32_config):
     """Two engines built from the same checkpoint give the same bits (calibration is fixed)."""
     from prism_backend.engine.engine import DecisionEngine
     from prism_backend.serving.determinism import synthetic_requests
 
-    config = fp32_config.replace(precision="int8", smooth_alpha=0.5)
+    config = fp32_config.replace(precision="exact", smooth_alpha=0.5)
     a, b = DecisionEngine(config), DecisionEngine(config)
     requests = synthetic_requests(a.spec.vocab_size)
     ra, rb = a.score(requests)[0], b.score(requests)[0]

@@ -1,13 +1,17 @@
-"""SmoothQuant calibration, in one place: the fixed prompts, the fp32 forward that measures the
-activation statistics (model/smoothing.py holds the statistics' maths and their folding into the
-weights), and the disk cache that computes them once per checkpoint.
+"""Calibration, in one place: the fixed prompts, the fp32 forwards that measure what quantisation
+needs, and the disk cache that computes it once per checkpoint.
 
-The prompts: chat-formatted decision prompts over a few documents of the kinds Prism serves. Fixed
-text, shipped with the package, distinct from the eval sets, so the smoothed weights are
-reproducible.
+  exact  SmoothQuant's activation maxima (model/smoothing.py folds them into the weights);
+  int8   GPTQ's 8-bit integers of every projection of the rotated model (model/rotation.py,
+         model/gptq.py), from the Hessians of the projections' inputs; the precision plan
+         (EngineConfig.keep_exact) picks which of them are served.
 
-The cache: the statistics are a pure function of the checkpoint, Prism's code and the libraries
-that run its fp32 forward, so a stored copy is what a new computation would give, bit for bit --
+The prompts (calibration_prompts.py): chat-formatted decision prompts over documents of the kinds
+Prism serves. Fixed text, shipped with the package, distinct from the eval sets, so the smoothed
+weights and the integers are reproducible.
+
+The cache: statistics and integers are a pure function of the checkpoint, Prism's code and the
+libraries that run its fp32 forward, so a stored copy is what a new computation would give, bit for bit --
 provided the copy is keyed by all of them. The key hashes: config.json, the name, size and
 modification time of every *.safetensors file (not their contents: hashing a 14 GB checkpoint on
 every start would cost more than calibrating), the source of the prism_backend package, the torch
@@ -40,37 +44,33 @@ from ..model.loader import ModelSpec, load_model
 from ..model.transformer import ForestTransformer
 from ..paths import user_cache_dir
 from ..reproducibility import torch_threads
-from ..text.prompt import render_prompt
+from ..text.prompt import PromptBuilder, render_prompt
 from ..text.tasks import Task
+from .calibration_prompts import DOCUMENTS, QUESTIONS, SYSTEM
 from .forest_builder import build_forest
 
 # ---- the prompts ---------------------------------------------------------------------------------
-DOCUMENTS = [
-    "Subject: Cannot download invoices\n\nHi, since Monday the invoice download button in the billing area "
-    "returns an error 500. Our accountant needs the PDFs for the quarterly close on Friday. Thanks, Ola",
-    "Subject: URGENT production outage\n\nAll API calls from our EU cluster time out since 03:10 UTC. "
-    "Checkout is down for every customer and we are losing around 12,000 EUR per hour. Please call us now!",
-    "Clause 7.2: The Supplier shall indemnify the Customer against all third-party claims arising from "
-    "a breach of data protection law, without limitation of liability.",
-    "Transaction 88-1192: 3 purchases of 499.00 USD at an electronics retailer in Lagos within 4 minutes, "
-    "card issued in Norway, last domestic purchase 20 minutes earlier in Oslo.",
-    "lol this update is trash, whoever designed the new menu should be fired. anyway does anyone know how "
-    "to get the old layout back??",
-    "MINUTES - Product council, 14 May. Attendees: R. Iyer, M. Okafor, S. Lindqvist. 1) Q3 roadmap approved. "
-    "2) Pricing change postponed to July. Action: M. Okafor to draft the customer announcement.",
-]
-SYSTEM = "You are a careful decision assistant."
 TASK = Task("calibration", None, "Which category fits best?", ("Billing", "Technical problem", "Legal", "Other"))
+SMOOTHING_DOCUMENTS = 6  # SmoothQuant's statistics come from the first six documents (as they always have)
 
 
 def calibration_requests(tokenizer) -> list[EncodedRequest]:
-    """One single-branch request per document (the whole prompt, rendered as every decision prompt
-    is, as the branch). Only the forward's activations matter: the candidates are placeholders."""
+    """SmoothQuant's prompts: one single-branch request per document (the whole prompt, rendered as
+    every decision prompt is, as the branch). Only the forward's activations matter: the candidates
+    are placeholders."""
     requests = []
-    for doc in DOCUMENTS:
+    for doc in DOCUMENTS[:SMOOTHING_DOCUMENTS]:
         ids = tuple(tokenizer(render_prompt(tokenizer, SYSTEM, doc, TASK), add_special_tokens=False)["input_ids"])
         requests.append(EncodedRequest((), (), (ids,), ((0, 1),)))
     return requests
+
+
+def gptq_requests(tokenizer, max_context: int) -> list[EncodedRequest]:
+    """GPTQ's prompts: every document with every question, as a served request (root, trunk, four
+    branches)."""
+    builder = PromptBuilder(tokenizer, max_context)
+    tasks = [Task("calibration", None, question, options) for question, options in QUESTIONS]
+    return [builder.encode(SYSTEM, doc, tasks) for doc in DOCUMENTS]
 
 
 # ---- the forward ---------------------------------------------------------------------------------
@@ -101,9 +101,55 @@ def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
         return calibrate(ForestTransformer(spec, weights), forests)  # the default: plain fp32
 
 
+def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """GPTQ's 8-bit integers and scales of every projection of the rotated full model, per layer
+    {"qkv", "o", "gate_up", "down": (integers (out, in) int8, scales (out,) float32)}; stored on
+    disk for the next build of the same checkpoint and code."""
+    stored = entry(config.model_dir, GPTQ)
+    tensors = load(stored, raw=True)
+    if tensors is None:
+        tensors = _integers_to_tensors(_gptq(config))
+        store(stored, tensors, raw=True)
+    return _integers_from_tensors(tensors)
+
+
+def _gptq(config: EngineConfig) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from ..model.gptq import collect_hessians, quantize_all
+    from ..model.rotation import rotate
+
+    spec, weights = load_model(config.model_dir)
+    rotate(spec, weights)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
+    with torch_threads(1):  # one reduction order for the fp32 forward and the float64 Hessians
+        hessians = collect_hessians(ForestTransformer(spec, weights, every_row=True), forests)
+        return quantize_all(weights, hessians)
+
+
+def _integers_to_tensors(integers: list[dict]) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for layer, projections in enumerate(integers):
+        for name, (q, scale) in projections.items():
+            tensors[f"{layer}.{name}.int"] = q.to(torch.int8).contiguous()
+            tensors[f"{layer}.{name}.scale"] = scale.contiguous()
+    return tensors
+
+
+def _integers_from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict]:
+    layers: dict[int, dict] = {}
+    for key in tensors:
+        layer, name, part = key.split(".")
+        if part == "int":
+            layers.setdefault(int(layer), {})[name] = (tensors[key], tensors[f"{layer}.{name}.scale"])
+    return [layers[i] for i in range(len(layers))]
+
+
 # ---- the cache -----------------------------------------------------------------------------------
 PACKAGE_ROOT = Path(prism_backend.__file__).resolve().parent
 OFF = "off"
+SMOOTHING, GPTQ = "", "-gptq"  # what an entry holds, as its file name's suffix
 
 
 def cache_dir() -> Path | None:
@@ -148,28 +194,32 @@ def _from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tens
     return [stats[i] for i in range(len(stats))]
 
 
-def entry(model_dir: Path) -> Path | None:
-    """The file that holds (or will hold) this checkpoint's statistics for this code, or None when
-    the cache is off. Computed once per build: it hashes the package source."""
+def entry(model_dir: Path, kind: str = SMOOTHING) -> Path | None:
+    """The file that holds (or will hold) this checkpoint's statistics (kind SMOOTHING) or integers
+    (GPTQ) for this code, or None when the cache is off. Computed once per build: it hashes the
+    package source."""
     folder = cache_dir()
-    return None if folder is None else folder / f"{cache_key(model_dir)}.safetensors"
+    return None if folder is None else folder / f"{cache_key(model_dir)}{kind}.safetensors"
 
 
-def load(path: Path | None) -> list[dict[str, torch.Tensor]] | None:
-    """The statistics stored at `path` (entry()), or None (no cache, a miss, an unreadable file)."""
+def load(path: Path | None, raw: bool = False):
+    """The statistics stored at `path` (entry()) -- or with `raw` the tensors as stored -- or None
+    (no cache, a miss, an unreadable file)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if path is None:
         return None
     try:
-        return _from_tensors(load_file(path))
+        tensors = load_file(path)
+        return tensors if raw else _from_tensors(tensors)
     except (OSError, SafetensorError, ValueError, KeyError):
         return None  # missing or damaged: calibrate again (and store a good copy)
 
 
-def store(path: Path | None, stats: list[dict[str, torch.Tensor]]) -> Path | None:
-    """Keep `stats` at `path` (entry()) for the next process; the path, or None where nothing could be written."""
+def store(path: Path | None, stats, raw: bool = False) -> Path | None:
+    """Keep `stats` (with `raw`: a dict of named tensors) at `path` (entry()) for the next process;
+    the path, or None where nothing could be written."""
     from safetensors.torch import save_file
 
     if path is None:
@@ -177,7 +227,7 @@ def store(path: Path | None, stats: list[dict[str, torch.Tensor]]) -> Path | Non
     partial = path.parent / f".{path.name}.{os.getpid()}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(_to_tensors(stats), partial)
+        save_file(stats if raw else _to_tensors(stats), partial)
         os.replace(partial, path)  # atomic: a concurrent reader sees the old state or the whole file
     except OSError:
         with contextlib.suppress(OSError):

@@ -28,7 +28,7 @@ class TaskScore:
 
 
 # What the built model depends on: engines equal in these may share one model.
-WEIGHT_FIELDS = ("model_dir", "precision", "act_passes", "weight_passes", "smooth_alpha", "kernels")
+WEIGHT_FIELDS = ("model_dir", "precision", "keep_exact", "act_passes", "weight_passes", "smooth_alpha", "kernels")
 
 
 class DecisionEngine:

@@ -13,36 +13,43 @@ from ..config import EngineConfig
 from ..forest import EncodedRequest, Forest
 from .forest_builder import build_forest
 from ..model.loader import ModelSpec, load_hf_config, load_model, spec_from_config
-from ..model.tp import TPGroup, local_spec, plan_shards, shard_stats
+from ..model.rotation import down_block, rotate
+from ..model.smoothing import apply_smoothing
+from ..model.tp import TPGroup, local_spec, plan_shards, shard_integers, shard_stats
 from ..model.transformer import ForestTransformer
+from . import calibration
 from .prefix_cache import CacheEntry, PrefixCache
-from .calibration import calibration_stats
 
 
 def build_model(config: EngineConfig, group: TPGroup | None = None):
-    """-> (the checkpoint's full spec, this rank's ForestTransformer, the LM head (V, H))."""
-    from ..model.smoothing import apply_smoothing
+    """-> (the checkpoint's full spec, this rank's ForestTransformer, the LM head (V, H)).
 
-    smooth = config.precision == "int8" and config.smooth_alpha > 0
-    if group is None:
-        spec, weights = load_model(config.model_dir)
-        if smooth:
-            apply_smoothing(spec, weights, calibration_stats(config, (spec, weights)), config.smooth_alpha)
-        return spec, ForestTransformer(spec, weights, config.compute), weights.lm_head
-
+    int8: the checkpoint rotated (model/rotation.py), its projections GPTQ's 8-bit integers
+    (calibration.gptq_integers) except those the plan keeps exact; exact: SmoothQuant-smoothed and
+    rounded at load; fp32 as stored. Under tensor parallelism rank 0 computes (or loads) what the
+    full model needs and every rank takes its shard of it, so each holds what TP = 1 would."""
     spec = spec_from_config(load_hf_config(config.model_dir))
-    shard = plan_shards(spec, group.world)[group.rank]
-    stats = None
-    if smooth:
-        if group.rank == 0:  # statistics must equal TP = 1's: one fp32 forward of the whole model
-            stats = calibration_stats(config)
-        stats = group.broadcast(stats)
+    shard = None if group is None else plan_shards(spec, group.world)[group.rank]
+    first = group is None or group.rank == 0
     _, weights = load_model(config.model_dir, shard)
+    integers = stats = None
+    if config.precision == "int8":
+        integers = calibration.gptq_integers(config) if first else None
+    elif config.precision == "exact" and config.smooth_alpha > 0:
+        # statistics must equal TP = 1's: one fp32 forward of the whole model (these weights when unsplit)
+        stats = calibration.calibration_stats(config, None if group else (spec, weights)) if first else None
+    if group is not None:
+        integers, stats = group.broadcast((integers, stats))
     mine = local_spec(spec, shard)
-    if smooth:
-        apply_smoothing(mine, weights, shard_stats(stats, spec, shard), config.smooth_alpha, group.all_reduce_max)
-    model = ForestTransformer(mine, weights, config.compute.with_group(group))
-    return spec, model, weights.lm_head
+    if integers is not None:
+        rotate(mine, weights, down_block(spec.intermediate_size))
+        for i, (lw, layer) in enumerate(zip(weights.layers, shard_integers(integers, spec, shard))):
+            lw.integers = {name: ints for name, ints in layer.items() if not config.keeps_exact(name, i)}
+    if stats is not None:
+        apply_smoothing(mine, weights, shard_stats(stats, spec, shard), config.smooth_alpha,
+                        None if group is None else group.all_reduce_max)
+    compute = config.compute if group is None else config.compute.with_group(group)
+    return spec, ForestTransformer(mine, weights, compute), weights.lm_head
 
 
 def full_kv_bytes_per_token(spec: ModelSpec) -> int:

@@ -56,6 +56,10 @@ class LayerWeights:
     post_norm: torch.Tensor  # (H,)
     w_gate_up: torch.Tensor  # (2 I, H): gate and up stacked
     w_down: torch.Tensor  # (H, I)
+    # 8-bit integer weights rounded offline (GPTQ, engine/calibration.py), by projection name
+    # ("qkv", "o", "gate_up", "down"): (integers (out, in), scales (out,)); a projection without an
+    # entry is rounded to nearest at load, in the settings' passes
+    integers: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass
@@ -66,6 +70,9 @@ class ModelWeights:
     lm_head: torch.Tensor  # (V, H); the same storage as `embed` when tied
     inv_freq: torch.Tensor  # (head_dim / 2,) rotary inverse frequencies
     rope_scaling: float  # multiplies cos and sin (1.0 except for some RoPE variants)
+    # model/rotation.py rotated these weights: down reads its input through a block-diagonal
+    # Hadamard of blocks of this many coordinates (0: not rotated)
+    down_block: int = 0
 
 
 def _rotary_class(model_type: str):

@@ -19,6 +19,8 @@ Every step is row-wise or exact, so a token's output bits never depend on the ot
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -46,9 +48,12 @@ def use_triton(kernels: str, x: torch.Tensor) -> bool:
 
 
 class Int8Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, settings: ComputeSettings,
+                 integers: tuple[torch.Tensor, torch.Tensor] | None = None):
         """weight: (out, in) float32 -> integer weight W (in, out) for this CPU's exact route
-        (exact_matmul.ExactWeight) and per-output-channel scales (out,).
+        (exact_matmul.ExactWeight) and per-output-channel scales (out,), rounded to nearest here;
+        or `integers` = (W (out, in) integer-valued, scales (out,)) rounded elsewhere (GPTQ, gptq.py),
+        |W| <= int_bound(settings.weight_passes).
 
         settings.group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel).
         The row maxima of weights and activations are then all-reduced with MAX and the exact
@@ -56,11 +61,16 @@ class Int8Linear:
         self.group = settings.group
         self.act_passes, self.weight_passes = settings.act_passes, settings.weight_passes
         self.act_bound, self.weight_bound = int_bound(self.act_passes), int_bound(self.weight_passes)
-        amax = weight.abs().amax(dim=1)  # (out,)
-        if self.group is not None:
-            self.group.all_reduce_max(amax)
-        self.w_scale = symmetric_scale(amax, self.weight_bound).to(torch.float32)  # (out,)
-        w_int = round_to_grid(weight, self.w_scale[:, None], self.weight_bound)  # (out, in)
+        if integers is not None:
+            w_int, self.w_scale = integers[0].float(), integers[1].float()  # (out, in), (out,)
+            if w_int.abs().max() > self.weight_bound:
+                raise ValueError(f"integer weights beyond {self.weight_bound} for {self.weight_passes} pass(es)")
+        else:
+            amax = weight.abs().amax(dim=1)  # (out,)
+            if self.group is not None:
+                self.group.all_reduce_max(amax)
+            self.w_scale = symmetric_scale(amax, self.weight_bound).to(torch.float32)  # (out,)
+            w_int = round_to_grid(weight, self.w_scale[:, None], self.weight_bound)  # (out, in)
         self.w = ExactWeight(w_int.t().contiguous(), self.act_passes, self.weight_passes)  # (in, out)
         self.bias = bias
         self.kernels = settings.kernels
@@ -99,8 +109,13 @@ class Int8Linear:
         return out
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings):
-    """The linear map of `weight` (out, in) in settings.precision (checked in config.py)."""
-    if settings.precision == "int8":
-        return Int8Linear(weight, bias, settings)
-    return Fp32Linear(weight, bias, settings.group)
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings,
+                integers: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """The linear map of `weight` (out, in) in settings.precision (checked in config.py): fp32, or
+    integers -- `integers` (8-bit, GPTQ-rounded: one pass a side) where given, else `weight` rounded
+    to nearest with settings' passes (the exact 13-bit scheme by default)."""
+    if settings.precision == "fp32":
+        return Fp32Linear(weight, bias, settings.group)
+    if integers is not None:
+        return Int8Linear(None, bias, dataclasses.replace(settings, act_passes=1, weight_passes=1), integers)
+    return Int8Linear(weight, bias, settings)

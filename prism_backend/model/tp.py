@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ..config import ConfigError
 from .loader import ModelSpec
+from .rotation import down_block
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,13 @@ def plan_shards(spec: ModelSpec, world: int) -> list[Shard]:
     if (group * spec.head_dim) % WIDTH_ALIGN:
         raise ConfigError(f"tensor parallelism needs a KV group's width (here {group} x {spec.head_dim}) to be "
                           f"a multiple of {WIDTH_ALIGN} for bit-identical results; use tp_size 1 for this model")
-    cuts = [0] + [spec.intermediate_size * r // world // WIDTH_ALIGN * WIDTH_ALIGN for r in range(1, world)] \
+    # ... and multiples of the int8 precision's online Hadamard blocks, so that every rank rotates whole blocks
+    align = max(WIDTH_ALIGN, down_block(spec.intermediate_size))
+    cuts = [0] + [spec.intermediate_size * r // world // align * align for r in range(1, world)] \
         + [spec.intermediate_size]
     if any(b <= a for a, b in zip(cuts, cuts[1:])):
         raise ConfigError(f"the MLP width {spec.intermediate_size} is too narrow to split {world} ways "
-                          f"in multiples of {WIDTH_ALIGN}")
+                          f"in multiples of {align}")
     shards = []
     for r in range(world):
         g0, g1 = spec.num_kv_heads * r // world, spec.num_kv_heads * (r + 1) // world
@@ -80,6 +83,30 @@ def shard_stats(stats: list[dict], spec: ModelSpec, shard: Shard | None) -> list
     q = slice(shard.q_heads[0] * spec.head_dim, shard.q_heads[1] * spec.head_dim)
     c = slice(*shard.columns)
     return [{**s, "o": s["o"][q], "down": s["down"][c]} for s in stats]
+
+
+def shard_integers(integers: list[dict], spec: ModelSpec, shard: Shard | None) -> list[dict]:
+    """8-bit integers and scales of the full model's projections (engine/calibration.py) -> this
+    rank's: rows of q/k/v and gate/up (with their scales), input columns of o and down (whose
+    per-output-channel scales are the full rows': every rank's partial sums share them)."""
+    if shard is None:
+        return integers
+    D, I = spec.head_dim, spec.intermediate_size
+    q = slice(shard.q_heads[0] * D, shard.q_heads[1] * D)
+    kv = slice(shard.kv_heads[0] * D, shard.kv_heads[1] * D)
+    qkv_rows = torch.cat([torch.arange(spec.q_dim)[q], spec.q_dim + torch.arange(spec.kv_dim)[kv],
+                          spec.q_dim + spec.kv_dim + torch.arange(spec.kv_dim)[kv]])
+    columns = torch.arange(I)[slice(*shard.columns)]
+    gate_up_rows = torch.cat([columns, I + columns])
+    local = []
+    for layer in integers:
+        local.append({
+            "qkv": tuple(t[qkv_rows] for t in layer["qkv"]),
+            "gate_up": tuple(t[gate_up_rows] for t in layer["gate_up"]),
+            "o": (layer["o"][0][:, q], layer["o"][1]),
+            "down": (layer["down"][0][:, slice(*shard.columns)], layer["down"][1]),
+        })
+    return local
 
 
 class TPGroup:

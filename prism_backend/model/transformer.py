@@ -18,6 +18,7 @@ from .attention import ForestAttention
 from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
 from .loader import LayerWeights, ModelSpec, ModelWeights
 from .quant import make_linear
+from .rotation import online_down
 
 
 class Projections:
@@ -28,41 +29,52 @@ class Projections:
     def __init__(self, lw: LayerWeights, spec: ModelSpec, settings: ComputeSettings, last: bool):
         unsplit = settings.with_group(None)  # column-parallel maps need no collective
 
-        def make(weight, bias=None, row_parallel=False):
-            return make_linear(weight, bias, settings if row_parallel else unsplit)
+        integers = lw.integers or {}
+
+        def make(weight, bias=None, row_parallel=False, name=None):
+            return make_linear(weight, bias, settings if row_parallel else unsplit, integers.get(name))
 
         self.qkv = self.q = self.kv = None
         if last:
-            w_q, w_kv = lw.wqkv.split([spec.q_dim, 2 * spec.kv_dim])
-            b_q, b_kv = lw.bqkv.split([spec.q_dim, 2 * spec.kv_dim]) if lw.bqkv is not None else (None, None)
-            self.q, self.kv = make(w_q, b_q), make(w_kv, b_kv)
+            sizes = [spec.q_dim, 2 * spec.kv_dim]
+            w_q, w_kv = lw.wqkv.split(sizes)
+            b_q, b_kv = lw.bqkv.split(sizes) if lw.bqkv is not None else (None, None)
+            if "qkv" in integers:  # rows of per-output-channel integers split like the weight
+                (q_int, kv_int), (q_scale, kv_scale) = (t.split(sizes) for t in integers["qkv"])
+                integers = {**integers, "q": (q_int, q_scale), "kv": (kv_int, kv_scale)}
+            self.q, self.kv = make(w_q, b_q, name="q"), make(w_kv, b_kv, name="kv")
         else:
-            self.qkv = make(lw.wqkv, lw.bqkv)
-        self.o = make(lw.wo, row_parallel=True)  # with TP: this rank's heads -> partial sums
-        self.gate_up = make(lw.w_gate_up)
-        self.down = make(lw.w_down, row_parallel=True)  # with TP: this rank's MLP columns
+            self.qkv = make(lw.wqkv, lw.bqkv, name="qkv")
+        self.o = make(lw.wo, row_parallel=True, name="o")  # with TP: this rank's heads -> partial sums
+        self.gate_up = make(lw.w_gate_up, name="gate_up")
+        self.down = make(lw.w_down, row_parallel=True, name="down")  # with TP: this rank's MLP columns
 
 
 class ForestTransformer:
-    def __init__(self, spec: ModelSpec, weights: ModelWeights, settings: ComputeSettings = ComputeSettings()):
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, settings: ComputeSettings = ComputeSettings(),
+                 every_row: bool = False):
         """spec: the shapes this rank computes (tp.local_spec); settings: precision, int8 passes,
-        kernels and this rank's TP group (None unsplit); the default is the plain fp32 model."""
+        kernels and this rank's TP group (None unsplit); the default is the plain fp32 model.
+        every_row: compute the last layer for every row like the others (calibration: GPTQ needs
+        the last layer's inputs on every row, not only the answers')."""
         self.spec = spec
         self.w = weights
         self.kernels = settings.kernels
-        last = len(weights.layers) - 1
+        self.every_row = every_row
+        last = -1 if every_row else len(weights.layers) - 1
         self.proj = [Projections(lw, spec, settings, i == last) for i, lw in enumerate(weights.layers)]
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
         if settings.precision != "fp32":  # the projections hold their own quantised copies
             for lw in weights.layers:
-                lw.wqkv = lw.bqkv = lw.wo = lw.w_gate_up = lw.w_down = None
+                lw.wqkv = lw.bqkv = lw.wo = lw.w_gate_up = lw.w_down = lw.integers = None
 
     def _qk_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return x if weight is None else rms_norm(x, weight, self.spec.rms_norm_eps)
 
     def _mlp_block(self, h: torch.Tensor, lw: LayerWeights, p: Projections) -> torch.Tensor:
         n = rms_norm(h, lw.post_norm, self.spec.rms_norm_eps)
-        return h + p.down(swiglu(p.gate_up(n)))
+        mlp = swiglu(p.gate_up(n))  # (n, I)
+        return h + p.down(online_down(mlp, self.w.down_block) if self.w.down_block else mlp)
 
     def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
         """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""
@@ -112,9 +124,12 @@ class ForestTransformer:
         h = self.w.embed[forest.token_ids[a:b]]  # (b - a, H)
         cos, sin = self.rotary(forest.positions[a:b])
         kv = []
-        for i, (lw, p) in enumerate(zip(self.w.layers[:-1], self.proj[:-1])):
+        full = len(self.w.layers) if self.every_row else len(self.w.layers) - 1
+        for i, (lw, p) in enumerate(zip(self.w.layers[:full], self.proj[:full])):
             h, k, v = self._layer(h, lw, p, attention, cos, sin, past[i] if past else None)
             kv.append((k, v))
+        if self.every_row:
+            return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps), kv
         h, k, v = self._last_layer(h, self.w.layers[-1], self.proj[-1], attention, answers, cos, sin,
                                    past[-1] if past else None)
         kv.append((k, v))

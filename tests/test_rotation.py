@@ -1,0 +1,158 @@
+"""The int8 precision's model changes: Hadamard matrices, the rotated model (the same fp32 function),
+the online Hadamard (batch- and thread-invariant), GPTQ (reproducible, better than rounding to
+nearest) and the precision plan."""
+import numpy as np
+import pytest
+import torch
+
+from prism_backend.config import ConfigError, EngineConfig
+from prism_backend.engine import calibration
+from prism_backend.engine.forest_builder import build_forest
+from prism_backend.model import hadamard
+from prism_backend.model.gptq import gptq
+from prism_backend.model.loader import load_model
+from prism_backend.model.rotation import down_block, online_down, rotate
+from prism_backend.model.transformer import ForestTransformer
+from prism_backend.reproducibility import torch_threads
+
+from helpers import TINY_ARCHS
+
+
+@pytest.mark.parametrize("n", [2, 12, 20, 64, 576, 1536, 896])
+def test_hadamard_matrices_are_hadamard(n):
+    h = hadamard.matrix(n)
+    assert set(h.unique().tolist()) == {-1.0, 1.0}
+    assert torch.equal(h @ h.T, n * torch.eye(n, dtype=torch.float64))
+
+
+def test_hadamard_orders():
+    assert hadamard.factors(576) == (12, 12, 2, 2) and hadamard.factors(1536) == (12,) + (2,) * 7
+    assert hadamard.factors(18944) is None and hadamard.factors(6) is None
+    with pytest.raises(ValueError, match="Paley"):
+        hadamard.paley(16)
+
+
+def test_transform_is_the_matrix_product_and_blockwise():
+    x = torch.randn(5, 576, dtype=torch.float64)
+    torch.testing.assert_close(hadamard.transform(x), x @ hadamard.matrix(576), rtol=1e-12, atol=1e-10)
+    y = torch.randn(3, 256, dtype=torch.float64)
+    block = torch.block_diag(hadamard.matrix(128), hadamard.matrix(128))
+    torch.testing.assert_close(hadamard.transform(y, 128), y @ block, rtol=1e-12, atol=1e-10)
+
+
+def test_online_hadamard_is_batch_and_thread_invariant():
+    """A row's bits are the same alone, in runs of 7 or in one batch, on 1 or 2 threads."""
+    x = torch.randn(301, 1536)
+    with torch_threads(2):
+        batched = online_down(x, 128)
+    with torch_threads(1):
+        single = torch.cat([online_down(x[i : i + 1], 128) for i in range(301)])
+        runs = torch.cat([online_down(x[i : i + 7], 128) for i in range(0, 301, 7)])
+    assert torch.equal(batched, single) and torch.equal(batched, runs)
+
+
+def logits(model_dir, rotated: bool, requests=3):
+    """Candidate logits of the first calibration requests: (A, C) from the fp32 model."""
+    from transformers import AutoTokenizer
+
+    reqs = calibration.calibration_requests(AutoTokenizer.from_pretrained(model_dir))[:requests]
+    forest = build_forest(reqs)
+    spec, weights = load_model(model_dir)
+    if rotated:
+        rotate(spec, weights)
+    hidden = ForestTransformer(spec, weights).answer_hidden(forest)  # (A, H)
+    return hidden @ weights.lm_head[:64].T, weights
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_rotated_fp32_model_is_the_same_function_tiny(tiny_model_dir, arch):
+    before, _ = logits(tiny_model_dir(arch), rotated=False)
+    after, weights = logits(tiny_model_dir(arch), rotated=True)
+    assert weights.down_block == down_block(96) == 32 and weights.lm_head.data_ptr() != weights.embed.data_ptr()
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
+def test_rotated_fp32_model_is_the_same_function_embedded(model_dir):
+    """SmolLM2: hidden 576 = H12 x H12 x H4 with signs, per-head H64, down's H128 blocks online;
+    the logits of real prompts agree to float32 rounding."""
+    before, _ = logits(model_dir, rotated=False)
+    after, weights = logits(model_dir, rotated=True)
+    assert weights.down_block == 128 and torch.equal(weights.final_norm, torch.ones(576))
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=2e-4)
+
+
+def test_rotated_weights_are_reproducible(tiny_model_dir):
+    a, b = (load_model(tiny_model_dir("qwen2"))[1] for _ in range(2))
+    spec = load_model(tiny_model_dir("qwen2"))[0]
+    with torch_threads(1):
+        rotate(spec, a)
+    with torch_threads(2):
+        rotate(spec, b)
+    assert all(torch.equal(x.wqkv, y.wqkv) and torch.equal(x.bqkv, y.bqkv) and torch.equal(x.w_down, y.w_down)
+               for x, y in zip(a.layers, b.layers))
+
+
+def test_gptq_beats_round_to_nearest_on_the_inputs_it_saw():
+    g = torch.Generator().manual_seed(0)
+    mix = torch.randn(64, 64, generator=g)
+    x = torch.randn(2000, 64, generator=g) @ mix  # correlated inputs, as activations are
+    w = torch.randn(48, 64, generator=g)
+    h = x.double().T @ x.double()
+    q, scale = gptq(w, h)
+    assert q.abs().max() <= 127 and torch.equal(q, q.round())
+    rtn = torch.round(w / scale[:, None]).clamp(-127, 127)
+
+    def error(ints):
+        return (x @ (w - ints * scale[:, None]).T).norm()
+
+    assert error(q) < 0.8 * error(rtn)
+    q2, scale2 = gptq(w, h)
+    assert torch.equal(q, q2) and torch.equal(scale, scale2)
+
+
+def test_gptq_integers_are_reproducible(tiny_model_dir, monkeypatch):
+    """The integers the engine serves: computed twice with the cache off, on 1 and 2 threads, the same."""
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", "off")
+    config = EngineConfig(model_dir=tiny_model_dir("llama3"))
+    with torch_threads(2):
+        a = calibration.gptq_integers(config)
+    with torch_threads(1):
+        b = calibration.gptq_integers(config)
+    assert len(a) == 2 and set(a[0]) == {"qkv", "o", "gate_up", "down"}
+    for x, y in zip(a, b):
+        for name in x:
+            assert torch.equal(x[name][0], y[name][0]) and torch.equal(x[name][1], y[name][1])
+            assert x[name][0].dtype == torch.int8
+
+
+def test_the_plan_keeps_the_named_projections_exact(tiny_model_dir):
+    from prism_backend.engine.engine import DecisionEngine
+
+    engine = DecisionEngine(EngineConfig(model_dir=tiny_model_dir("llama3"), keep_exact="down@1, o",
+                                         prefix_cache_bytes=0))
+    passes = [{name: getattr(p, name).weight_passes for name in ("o", "gate_up", "down")} for p in engine.model.proj]
+    assert passes == [{"o": 2, "gate_up": 1, "down": 1}, {"o": 2, "gate_up": 1, "down": 2}]
+    assert engine.model.proj[0].qkv.act_passes == 1 and engine.model.proj[1].q.act_passes == 1
+
+
+@pytest.mark.parametrize("bad", ["mlp", "down@x", "down@"])
+def test_a_bad_plan_is_rejected(tmp_path, bad):
+    with pytest.raises(ConfigError, match="keep_exact"):
+        EngineConfig(model_dir=tmp_path, keep_exact=bad)
+
+
+def test_int8_is_closer_to_fp32_than_plain_w8a8(pipeline, int8_pipeline):
+    """On the sample tickets: the rotated GPTQ default vs the unrotated round-to-nearest 8-bit rung
+    (the exact scheme with one pass a side)."""
+    from prism_backend.serving.pipeline import DecisionPipeline
+
+    from helpers import REGISTRY, SAMPLE_TICKET
+
+    plain = DecisionPipeline(pipeline.engine.config.replace(precision="exact", act_passes=1, weight_passes=1), REGISTRY)
+    tasks = ["team", "reply_time", "severity"]
+
+    def probs(p):
+        return np.concatenate([list(d["probabilities"].values()) for d in p.decide(SAMPLE_TICKET, tasks)])
+
+    reference = probs(pipeline)
+    assert np.abs(probs(int8_pipeline) - reference).mean() < np.abs(probs(plain) - reference).mean()
