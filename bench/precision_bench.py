@@ -1,15 +1,16 @@
-"""Precision benchmark (no Triton): the Prism engine's int8 variants vs fp32, in one process.
+"""The precision ladder (no Triton): speed and accuracy of each precision Prism serves, in one process.
 
-    .venv/bin/python bench/precision_bench.py [--repeats 5]
+    .venv/bin/python bench/precision_bench.py [--repeats 5] [--limit 16]
 
-The same forests (bench/workloads.py, prefix cache off) through engines differing only in
-precision: fp32 and the int8 pass ladder (model/quant.py): one pass each side (plain W8A8), two
-activation passes (13 bits) with one weight pass, two each (the default, 13 x 13 bits). Without VNNI
-every one of them is one exact int16 GEMM per projection (kernels/cpu/exact_gemm.py); with AVX-512
-VNNI, one pass a side runs the 8-bit kernel of the same library. The routes in use are printed with
-the results. Repeats are interleaved
-across engines so machine noise hits all alike. Besides the time, each int8 variant's largest
-|p - p_fp32| over the workload's decisions (the eval, evals/run_eval.py, measures accuracy at scale).
+Rungs: fp32; `exact` (13-bit integers, SmoothQuant); the `int8` default (rotated model, GPTQ 8-bit
+weights, 8-bit activations; the plan of EngineConfig.keep_exact); int8 with down kept exact (the
+plan that keeps 75% of the MACs in 8 bits); plain round-to-nearest W8A8 on the unrotated model (the
+exact scheme with one pass a side). Speed: the same forests (bench/workloads.py (a) and (b), prefix
+cache off) through every engine, repeats interleaved so machine noise hits all alike, medians.
+Accuracy: the first `--limit` documents of each eval file (evals/run_eval.py; its fp32 and bf16
+references are cached in --reference), against the fp32 engine, with the eval's measures (agreement
+of the top option, mean over decisions of the largest |p - p_fp32|, the largest one, accuracy
+against the labels). The full eval (`make eval`) measures the default at scale.
 Writes bench/results/precision.md.
 """
 from __future__ import annotations
@@ -17,61 +18,110 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from workloads import WORKLOADS, write_result  # noqa: E402
+import numpy as np
+from workloads import WORKLOADS, write_result
 
-from prism_backend.config import EngineConfig  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "evals"))  # the eval's loaders (evals/ is no package)
+import run_eval  # noqa: E402
+
+from kernels.cpu.features import cpu_kind  # noqa: E402
+from prism_backend.config import PROJECTIONS, EngineConfig  # noqa: E402
 from prism_backend.model.exact_matmul import route  # noqa: E402
-from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
+from prism_backend.model.loader import load_hf_config, spec_from_config  # noqa: E402
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, user_cache_dir  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 
+
+def rungs(base: EngineConfig) -> dict[str, EngineConfig]:
+    return {
+        "fp32": base.replace(precision="fp32"),
+        "exact (13 x 13 bits)": base.replace(precision="exact"),
+        "int8 (the default)": base.replace(precision="int8"),
+        "int8, down kept exact": base.replace(precision="int8", keep_exact="down"),
+        "plain W8A8 (round to nearest, unrotated)": base.replace(precision="exact", act_passes=1, weight_passes=1),
+    }
+
+
+def share_8bit(config: EngineConfig) -> float:
+    """The share of a token's projection MACs done as 8-bit x 8-bit products."""
+    spec = spec_from_config(load_hf_config(config.model_dir))
+    macs = {"qkv": spec.hidden_size * (spec.q_dim + 2 * spec.kv_dim), "o": spec.q_dim * spec.hidden_size,
+            "gate_up": 2 * spec.hidden_size * spec.intermediate_size, "down": spec.intermediate_size * spec.hidden_size}
+    total = spec.num_layers * sum(macs.values())
+    if config.precision == "fp32":
+        return 0.0
+    if config.precision == "exact":
+        return 1.0 if config.act_passes == config.weight_passes == 1 else 0.0
+    return sum(macs[name] for layer in range(spec.num_layers) for name in PROJECTIONS
+               if not config.keeps_exact(name, layer)) / total
+
+
+def accuracy(config: EngineConfig, docs, reference) -> dict[str, float]:
+    meta = [t["label"] for d in docs for t in d["tasks"]]
+    decisions = run_eval.run_engine(config, docs)
+    probs = [np.array(list(d["probabilities"].values())) for d in decisions]
+    fp32 = [np.array(p) for p in reference["fp32"]]
+    errors = [np.abs(p - q).max() for p, q in zip(probs, fp32)]
+    return {"agree": np.mean([p.argmax() == q.argmax() for p, q in zip(probs, fp32)]),
+            "mean": float(np.mean(errors)), "max": float(np.max(errors)),
+            "acc": np.mean([p.argmax() == options.index(label)
+                            for p, options, label in zip(probs, reference["options"], meta)])}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--limit", type=int, default=16, help="eval documents per file for the accuracy columns")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="fp32/bf16 reference cache (default: in the user cache, per --limit)")
     args = parser.parse_args()
     threads = len(os.sched_getaffinity(0))
     base = EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=threads)
-    engines = {
-        "fp32": base.replace(precision="fp32"),
-        "int8, 1+1 passes (W8A8)": base.replace(precision="int8", act_passes=1, weight_passes=1),
-        "int8, 2+1 passes": base.replace(precision="int8", act_passes=2, weight_passes=1),
-        "int8, 2+2 passes (default)": base.replace(precision="int8", act_passes=2, weight_passes=2),
-    }
+    engines = rungs(base)
+
+    docs = run_eval.load(args.limit)
+    reference_path = args.reference or user_cache_dir("eval") / f"reference-limit{args.limit}.json"
+    reference = run_eval.references(docs, args.model_dir, reference_path)
+    quality = {name: accuracy(config, docs, reference) for name, config in engines.items()}
+    bf16 = [np.abs(np.array(p) - np.array(q)).max() for p, q in zip(reference["bf16"], reference["fp32"])]
+    bf16_agree = np.mean([np.argmax(p) == np.argmax(q) for p, q in zip(reference["bf16"], reference["fp32"])])
+
     pipelines = {name: DecisionPipeline(config, REGISTRY) for name, config in engines.items()}
     times = {(w, e): [] for w in WORKLOADS for e in engines}
-    error = {}  # (workload, engine) -> largest |p - p_fp32| over the workload's decisions
     for workload, make in WORKLOADS.items():
         requests = make()
-        probabilities = {}
-        for name, pipeline in pipelines.items():
-            results, _ = pipeline.decide_many(requests)  # also the warm-up
-            probabilities[name] = [p for r in results for d in r for p in d["probabilities"].values()]
-        for name in engines:
-            error[(workload, name)] = max(abs(p - q) for p, q in zip(probabilities[name], probabilities["fp32"]))
+        for pipeline in pipelines.values():
+            pipeline.decide_many(requests)  # warm-up
         for _ in range(args.repeats):
             for name, pipeline in pipelines.items():
                 start = time.perf_counter()
                 pipeline.decide_many(requests)
                 times[(workload, name)].append(time.perf_counter() - start)
-    lines = ["# Prism engine: int8 vs fp32", "",
-             f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats}` on CPU(s) "
-             f"{sorted(os.sched_getaffinity(0))}, {threads} thread(s), prefix cache off, median of "
-             f"{args.repeats} interleaved runs; int8 routes (model/exact_matmul.py, timed per pass count): "
-             f"1+1 `{route(1, 1)}`, 2+1 `{route(2, 1)}`, 2+2 `{route(2, 2)}`.", "",
-             "| workload | engine | ms (median) | min-max ms | time / fp32 | max abs(p - p_fp32) |",
-             "|---|---|---|---|---|---|"]
-    for workload in WORKLOADS:
-        fp32 = statistics.median(times[(workload, "fp32")])
-        for name in engines:
-            t = times[(workload, name)]
-            lines.append(f"| {workload} | {name} | {1000 * statistics.median(t):.0f} | "
-                         f"{1000 * min(t):.0f}-{1000 * max(t):.0f} | {statistics.median(t) / fp32:.2f}x | "
-                         f"{error[(workload, name)]:.5f} |")
+
+    ms = {key: 1000 * statistics.median(t) for key, t in times.items()}
+    a, b = WORKLOADS
+    lines = ["# The precision ladder", "",
+             f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats} --limit {args.limit}` on "
+             f"{cpu_kind()}, {threads} thread(s), prefix cache off; speed: median of {args.repeats} interleaved "
+             f"runs per workload; accuracy: the first {args.limit} documents of each eval file "
+             f"({len(bf16)} decisions) against the fp32 engine (mean/max: of each decision's largest "
+             f"|p - p_fp32|). Exact-product routes here (model/exact_matmul.py): 8-bit `{route(1, 1)}`, "
+             f"13-bit `{route(2, 2)}`.", "",
+             f"| precision | 8-bit MACs | (a) ms | (a) / fp32 | (b) ms | (b) / fp32 | agreement | mean abs dp | "
+             "max abs dp | accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, config in engines.items():
+        q = quality[name]
+        lines.append(f"| {name} | {100 * share_8bit(config):.0f}% | {ms[(a, name)]:.0f} | "
+                     f"{ms[(a, name)] / ms[(a, 'fp32')]:.2f}x | {ms[(b, name)]:.0f} | "
+                     f"{ms[(b, name)] / ms[(b, 'fp32')]:.2f}x | {q['agree']:.3f} | {q['mean']:.4f} | "
+                     f"{q['max']:.4f} | {q['acc']:.3f} |")
+    lines.append(f"| bf16 (Hugging Face, for comparison) | | | | | | {bf16_agree:.3f} | {np.mean(bf16):.4f} | "
+                 f"{np.max(bf16):.4f} | |")
     write_result("precision.md", lines)
 
 

@@ -1,9 +1,11 @@
-"""Accuracy parity of the INT8 path: int8 and fp32 through the Prism engine, bf16 through Hugging Face.
+"""Accuracy parity of the integer paths: the served precision (int8 by default, `--precision exact`
+for the 13-bit scheme) and fp32 through the Prism engine, bf16 through Hugging Face.
 
-    .venv/bin/python evals/run_eval.py [--limit N] [--out evals/report.md] [--no-bf16]
+    .venv/bin/python evals/run_eval.py [--limit N] [--out evals/report.md] [--no-bf16] [--cache F]
 
-For each set: accuracy of int8, fp32 and bf16 against the labels; how often int8 and bf16 pick the
-same option as fp32; mean and max absolute probability difference to fp32. `--limit N` takes the
+For each set: accuracy of int8 (the precision evaluated), fp32 and bf16 against the labels; how often
+int8 and bf16 pick the same option as fp32; mean and max over decisions of the largest absolute
+probability difference to fp32. `--limit N` takes the
 first N documents of each file (the test suite runs a small slice); `--no-bf16` leaves out the
 Hugging Face bf16 reference (the slowest part by far on CPUs without bf16 instructions).
 """
@@ -68,7 +70,7 @@ def references(docs: list[dict], model_dir: Path, cache: Path | None, bf16: bool
         out["bf16"] = [reference.candidate_probabilities(d["prompt_ids"], d["candidate_ids"]).tolist() for d in fp32]
         out["timings"]["bf16 (HF, per question)"] = time.perf_counter() - t1
     if cache is not None:
-        cache.parent.mkdir(exist_ok=True)
+        cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(out))
     return out
 
@@ -82,7 +84,7 @@ def evaluate(docs: list[dict], model_dir: Path, int8_config: dict, cache: Path |
                          "only fits the --limit it was written with")
     timings = dict(ref["timings"])
     t0 = time.perf_counter()
-    int8 = run_engine(EngineConfig(model_dir=model_dir, precision="int8", **int8_config), docs)
+    int8 = run_engine(EngineConfig(model_dir=model_dir, **int8_config), docs)
     timings["int8"] = time.perf_counter() - t0
     options = ref["options"]
     others = ("bf16",) if ref["bf16"] is not None else ()
@@ -134,22 +136,26 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="documents per file (default: all)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--out", type=Path, default=ROOT / "evals" / "report.md")
-    parser.add_argument("--act-passes", type=int, default=None, help="int8 variant (default: the engine's)")
-    parser.add_argument("--weight-passes", type=int, default=None, help="int8 variant (default: the engine's)")
-    parser.add_argument("--smooth-alpha", type=float, default=None, help="int8 variant (default: the engine's)")
+    parser.add_argument("--precision", choices=("int8", "exact"), default=None, help="default: the engine's")
+    parser.add_argument("--keep-exact", default=None, help="int8's precision plan (default: the engine's)")
+    parser.add_argument("--act-passes", type=int, default=None, help="exact variant (default: the engine's)")
+    parser.add_argument("--weight-passes", type=int, default=None, help="exact variant (default: the engine's)")
+    parser.add_argument("--smooth-alpha", type=float, default=None, help="exact variant (default: the engine's)")
     parser.add_argument("--cache", type=Path, default=None, help="reuse fp32/bf16 results from this file")
     parser.add_argument("--no-bf16", action="store_true", help="leave out the Hugging Face bf16 reference")
     args = parser.parse_args()
     docs = load(args.limit)
-    int8_config = {k: v for k, v in (("act_passes", args.act_passes), ("weight_passes", args.weight_passes),
+    int8_config = {k: v for k, v in (("precision", args.precision), ("keep_exact", args.keep_exact),
+                                     ("act_passes", args.act_passes), ("weight_passes", args.weight_passes),
                                      ("smooth_alpha", args.smooth_alpha)) if v is not None}
     per_set, timings = evaluate(docs, args.model_dir, int8_config, args.cache, bf16=not args.no_bf16)
     defaults = EngineConfig(model_dir=args.model_dir, **int8_config)
     text = (f"# INT8 accuracy parity ({args.model_dir.name})\n\n"
             f"`.venv/bin/python evals/run_eval.py{'' if args.limit is None else f' --limit {args.limit}'}"
             f"{' --no-bf16' if args.no_bf16 else ''}`; "
-            f"int8 with act_passes={defaults.act_passes}, weight_passes={defaults.weight_passes}, "
-            f"smooth_alpha={defaults.smooth_alpha}\n\n"
+            + (f"int8 = precision int8, keep_exact={defaults.keep_exact!r}\n\n" if defaults.precision == "int8" else
+               f"int8 = precision exact, act_passes={defaults.act_passes}, weight_passes={defaults.weight_passes}, "
+               f"smooth_alpha={defaults.smooth_alpha}\n\n")
             + report(per_set, timings, len(docs)) + "\n")
     args.out.write_text(text)
     print(text)

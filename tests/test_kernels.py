@@ -257,17 +257,18 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
     # fp32: attention differs from the torch path only in float rounding. int8: those last bits
     # can move an activation across a quantisation step, so the bound is wider (still below
     # int8's own error against fp32).
-    for precision, atol in (("fp32", 1e-5), ("int8", 1e-4)):
+    for precision, atol in (("fp32", 1e-5), ("int8", 1e-4), ("exact", 1e-4)):
         results = {}
         for backend in ("torch", "triton"):
             calls.update(gemm=0, attention=0)
             config = EngineConfig(model_dir=model_dir, precision=precision, kernels=backend)
             results[backend] = DecisionPipeline(config, REGISTRY).decide_many(requests)[0]
-        # the triton run: all-rows attention in layer 0, answers-only in the last layer; int8 GEMMs
-        # qkv, o, gate_up, down per layer, the last layer's q and kv apart, two calls each with
-        # two passes a side (the second: later activation passes x the weight's second pass)
+        # the triton run: all-rows attention in layer 0, answers-only in the last layer; integer GEMMs
+        # qkv, o, gate_up, down per layer, the last layer's q and kv apart: one call each for int8's
+        # 8-bit integers, two with exact's two passes a side (the second: later activation passes x
+        # the weight's second pass)
         assert calls["attention"] == layers
-        assert calls["gemm"] == (2 * (4 * (layers - 1) + 5) if precision == "int8" else 0)
+        assert calls["gemm"] == {"fp32": 0, "int8": 1, "exact": 2}[precision] * (4 * (layers - 1) + 5)
         for torch_req, triton_req in zip(results["torch"], results["triton"]):
             for a, b in zip(torch_req, triton_req):
                 np.testing.assert_allclose(list(a["probabilities"].values()), list(b["probabilities"].values()),

@@ -15,7 +15,7 @@ from prism_backend.model.rotation import down_block, online_down, rotate
 from prism_backend.model.transformer import ForestTransformer
 from prism_backend.reproducibility import torch_threads
 
-from helpers import TINY_ARCHS
+from helpers import TINY_ARCHS, needs
 
 
 @pytest.mark.parametrize("n", [2, 12, 20, 64, 576, 1536, 896])
@@ -49,6 +49,19 @@ def test_online_hadamard_is_batch_and_thread_invariant():
         single = torch.cat([online_down(x[i : i + 1], 128) for i in range(301)])
         runs = torch.cat([online_down(x[i : i + 7], 128) for i in range(0, 301, 7)])
     assert torch.equal(batched, single) and torch.equal(batched, runs)
+
+
+@needs("avx2")
+@pytest.mark.parametrize("shape,block", [((301, 1536), 128), ((5, 96), 32), ((1, 256), 2)])
+def test_the_kernel_butterfly_equals_the_torch_one(shape, block):
+    """online_down's CPU kernel (kernels/cpu/csrc/exact_gemm.cpp) and hadamard.transform: the same bits."""
+    from kernels.cpu import exact_gemm
+
+    x = torch.randn(shape) * 7
+    with torch_threads(2):
+        assert torch.equal(exact_gemm.hadamard_rows(x, block), hadamard.transform(x, block))
+    with torch_threads(1):
+        assert torch.equal(online_down(x, block), hadamard.transform(x, block))
 
 
 def logits(model_dir, rotated: bool, requests=3):

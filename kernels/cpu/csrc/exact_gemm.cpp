@@ -330,4 +330,23 @@ void prism_quantize_rows_u8(const float* x, int m, int k, int bound, uint8_t* q,
   quantize_rows(x, m, k, bound, q, ldq, scale, threads);
 }
 
+// In-place Walsh-Hadamard transform of each row of x (m, k) in blocks of `block` (a power of two,
+// dividing k): x -> x H_block per block, unnormalised. Butterfly stages from the widest stride
+// (block / 2) to 1, each pair (a, b) -> (a + b, a - b): the operations, in the order, of
+// prism_backend/model/hadamard.transform, so the bits equal torch's whatever the vector width.
+void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) {
+    float* row = x + static_cast<int64_t>(r) * k;
+    for (int b0 = 0; b0 < k; b0 += block)
+      for (int h = block / 2; h >= 1; h /= 2)
+        for (int i = b0; i < b0 + block; i += 2 * h)
+          for (int j = i; j < i + h; ++j) {
+            const float a = row[j], c = row[j + h];
+            row[j] = a + c;
+            row[j + h] = a - c;
+          }
+  }
+}
+
 }  // extern "C"
