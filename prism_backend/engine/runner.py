@@ -25,15 +25,20 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     """-> (the checkpoint's full spec, this rank's ForestTransformer, the LM head (V, H)).
 
     int8: the checkpoint rotated (model/rotation.py), its projections GPTQ's 8-bit integers
-    (calibration.gptq_integers) except those the plan keeps exact; exact: SmoothQuant-smoothed and
+    (calibration.gptq_integers) except those the plan keeps exact -- or, for a W8A8 checkpoint, its
+    own integers unrotated; exact: SmoothQuant-smoothed and
     rounded at load; fp32 as stored. Under tensor parallelism rank 0 computes (or loads) what the
     full model needs and every rank takes its shard of it, so each holds what TP = 1 would."""
     spec = spec_from_config(load_hf_config(config.model_dir))
     shard = None if group is None else plan_shards(spec, group.world)[group.rank]
     first = group is None or group.rank == 0
     _, weights = load_model(config.model_dir, shard)
+    quantized = weights.layers[0].integers is not None  # a W8A8 checkpoint: its own integers, as they are
     integers = stats = None
-    if config.precision == "int8":
+    if config.precision == "int8" and quantized:
+        for i, lw in enumerate(weights.layers):
+            lw.integers = {name: ints for name, ints in lw.integers.items() if not config.keeps_exact(name, i)}
+    elif config.precision == "int8":
         integers = calibration.gptq_integers(config) if first else None
     elif config.precision == "exact" and config.smooth_alpha > 0:
         # statistics must equal TP = 1's: one fp32 forward of the whole model (these weights when unsplit)
@@ -45,6 +50,9 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
         rotate(mine, weights, down_block(spec.intermediate_size))
         for i, (lw, layer) in enumerate(zip(weights.layers, shard_integers(integers, spec, shard))):
             lw.integers = {name: ints for name, ints in layer.items() if not config.keeps_exact(name, i)}
+    if config.precision != "int8":
+        for lw in weights.layers:  # exact and fp32 compute from the (dequantised) float weights
+            lw.integers = None
     if stats is not None:
         apply_smoothing(mine, weights, shard_stats(stats, spec, shard), config.smooth_alpha,
                         None if group is None else group.all_reduce_max)

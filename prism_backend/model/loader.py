@@ -1,7 +1,10 @@
 """Load a local Hugging Face checkpoint (config.json + safetensors) into plain tensors.
 
 Supported: Llama (SmolLM2, Llama-3 RoPE scaling), Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm);
-tied or untied embeddings; grouped-query attention. The config is parsed by transformers'
+tied or untied embeddings; grouped-query attention; unquantised, or W8A8 in the compressed-tensors
+format that llm-compressor writes and vLLM serves (int8 weights with per-output-channel scales,
+activations quantised per token at run time): its integers are kept as they are
+(LayerWeights.integers) beside their dequantised float values. The config is parsed by transformers'
 AutoConfig and the rotary frequencies come from transformers' own rotary-embedding class for the
 architecture, so every RoPE variant those classes know is computed exactly as Hugging Face does.
 """
@@ -173,6 +176,28 @@ class _TensorReader:
         return name in self.where
 
 
+def is_int8_checkpoint(hf) -> bool:
+    """Whether the config declares compressed-tensors W8A8 (8-bit symmetric per-channel integer
+    weights, dynamic symmetric per-token 8-bit activations, what Prism's int8 products compute);
+    any other quantisation is refused with a message naming what it has."""
+    q = getattr(hf, "quantization_config", None)
+    if q is None:
+        return False
+    q = q if isinstance(q, dict) else q.to_dict()
+    where = f"quantization_config ({q.get('quant_method')!r})"
+    if q.get("quant_method") != "compressed-tensors" or q.get("format") != "int-quantized":
+        raise CheckpointError(f"{where}: only compressed-tensors 'int-quantized' W8A8 checkpoints can be "
+                              f"served, this one has format {q.get('format')!r}")
+    for name, group in q.get("config_groups", {}).items():
+        w, a = group.get("weights") or {}, group.get("input_activations") or {}
+        if (w.get("num_bits"), w.get("type"), w.get("symmetric"), w.get("strategy")) != (8, "int", True, "channel") \
+                or (a.get("num_bits"), a.get("type"), a.get("symmetric"), a.get("strategy"), a.get("dynamic")) \
+                != (8, "int", True, "token", True):
+            raise CheckpointError(f"{where}, group {name!r}: Prism serves 8-bit symmetric per-channel weights with "
+                                  f"dynamic symmetric per-token 8-bit activations; got weights {w}, activations {a}")
+    return True
+
+
 def load_model(model_dir: Path, shard=None) -> tuple[ModelSpec, ModelWeights]:
     """The checkpoint's spec and weights; with a tp.Shard only that rank's heads and MLP columns
     are read (q/k/v and gate/up rows, o and down columns); the rest is replicated."""
@@ -180,6 +205,23 @@ def load_model(model_dir: Path, shard=None) -> tuple[ModelSpec, ModelWeights]:
     hf = load_hf_config(model_dir)
     spec = spec_from_config(hf)
     r = _TensorReader(model_dir)
+    int8 = is_int8_checkpoint(hf)
+
+    def projection(name, shape, rows=None, cols=None):
+        """A projection's float weight; for a W8A8 checkpoint also (integers, scales (out,)), the
+        scales of this rank's rows (all rows where the split is by columns)."""
+        weight = r.get(name + ".weight", shape, rows=rows, cols=cols)
+        if not int8:
+            return weight, None
+        scale = r.get(name + ".weight_scale", (shape[0], 1), rows=rows)[:, 0]
+        return weight * scale[:, None], (weight, scale)
+
+    def stacked(parts):
+        """(weight, integers) pairs of row blocks -> one stacked pair."""
+        weight = torch.cat([w for w, _ in parts])
+        if not int8:
+            return weight, None
+        return weight, (torch.cat([q for _, (q, _) in parts]), torch.cat([s for _, (_, s) in parts]))
     H, D, I = spec.hidden_size, spec.head_dim, spec.intermediate_size
     if shard is None:
         q_rows, kv_rows, columns = slice(0, spec.q_dim), slice(0, spec.kv_dim), slice(0, I)
@@ -192,11 +234,17 @@ def load_model(model_dir: Path, shard=None) -> tuple[ModelSpec, ModelWeights]:
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        wqkv = torch.cat([
-            r.get(a + "q_proj.weight", (spec.q_dim, H), rows=q_rows),
-            r.get(a + "k_proj.weight", (spec.kv_dim, H), rows=kv_rows),
-            r.get(a + "v_proj.weight", (spec.kv_dim, H), rows=kv_rows),
+        wqkv, qkv_int = stacked([
+            projection(a + "q_proj", (spec.q_dim, H), rows=q_rows),
+            projection(a + "k_proj", (spec.kv_dim, H), rows=kv_rows),
+            projection(a + "v_proj", (spec.kv_dim, H), rows=kv_rows),
         ])
+        wo, o_int = projection(a + "o_proj", (H, spec.q_dim), cols=q_rows)
+        w_gate_up, gate_up_int = stacked([
+            projection(p + "mlp.gate_proj", (I, H), rows=columns),
+            projection(p + "mlp.up_proj", (I, H), rows=columns),
+        ])
+        w_down, down_int = projection(p + "mlp.down_proj", (H, I), cols=columns)
         bqkv = None
         if spec.qkv_bias:
             bqkv = torch.cat([
@@ -210,13 +258,11 @@ def load_model(model_dir: Path, shard=None) -> tuple[ModelSpec, ModelWeights]:
             bqkv=bqkv,
             q_norm=r.get(a + "q_norm.weight", (D,)) if spec.qk_norm else None,
             k_norm=r.get(a + "k_norm.weight", (D,)) if spec.qk_norm else None,
-            wo=r.get(a + "o_proj.weight", (H, spec.q_dim), cols=q_rows),
+            wo=wo,
             post_norm=r.get(p + "post_attention_layernorm.weight", (H,)),
-            w_gate_up=torch.cat([
-                r.get(p + "mlp.gate_proj.weight", (I, H), rows=columns),
-                r.get(p + "mlp.up_proj.weight", (I, H), rows=columns),
-            ]),
-            w_down=r.get(p + "mlp.down_proj.weight", (H, I), cols=columns),
+            w_gate_up=w_gate_up,
+            w_down=w_down,
+            integers={"qkv": qkv_int, "o": o_int, "gate_up": gate_up_int, "down": down_int} if int8 else None,
         ))
 
     embed = r.get("model.embed_tokens.weight", (spec.vocab_size, H))
