@@ -65,10 +65,10 @@ def execution_seconds(cluster: PrismCluster) -> float:
     return total
 
 
-def started(replicas: int, instances: int, extra: dict | None = None) -> tuple[PrismCluster, str]:
+def started(replicas: int, instances: int, precision: str = "int8") -> tuple[PrismCluster, str]:
     http = f"127.0.0.1:{free_port()}"
     router = RouterOptions(http_listen=http, grpc_listen=f"127.0.0.1:{free_port()}")
-    options = ServerOptions(instances=instances, extra_parameters=extra or {})
+    options = ServerOptions(instances=instances, precision=precision)
     cluster = PrismCluster(replicas, options, router).start()
     return cluster, http
 
@@ -127,8 +127,8 @@ def overload(replicas: int, instances: int, callers: int, seconds: float, ticket
         cluster.stop()
 
 
-def bursts(count: int, extra: dict | None, tickets) -> list[float]:
-    cluster, url = started(1, 1, extra)
+def bursts(count: int, precision: str, tickets) -> list[float]:
+    cluster, url = started(1, 1, precision)
     try:
         fixed_bits(url)  # warm-up
         idle = []
@@ -179,9 +179,8 @@ def main() -> None:
         lines += [f"## Bursts after quiet: {args.bursts} x (2 s quiet, 3 concurrent one-question requests, new "
                   "tickets)", "", "idle = wall time of the burst - prism_decision's scoring time in it.", "",
                   "| precision | idle per burst, ms | max ms |", "|---|---|---|"]
-        for name, extra in (("int8 default", None), ("8-bit rung (act_passes=1, weight_passes=1)",
-                                                    {"act_passes": "1", "weight_passes": "1"})):
-            idle = bursts(args.bursts, extra, tickets)
+        for name, precision in (("int8 default", "int8"), ("exact", "exact")):
+            idle = bursts(args.bursts, precision, tickets)
             lines.append(f"| {name} | {' / '.join(f'{1000 * i:.0f}' for i in idle)} | {1000 * max(idle):.0f} |")
             print(lines[-1], flush=True)
     write_result("latency.md", lines)

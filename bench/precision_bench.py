@@ -112,7 +112,7 @@ def main() -> None:
              f"({len(bf16)} decisions) against the fp32 engine (mean/max: of each decision's largest "
              f"|p - p_fp32|). Exact-product routes here (model/exact_matmul.py): 8-bit `{route(1, 1)}`, "
              f"13-bit `{route(2, 2)}`.", "",
-             f"| precision | 8-bit MACs | (a) ms | (a) / fp32 | (b) ms | (b) / fp32 | agreement | mean abs dp | "
+             "| precision | 8-bit MACs | (a) ms | (a) / fp32 | (b) ms | (b) / fp32 | agreement | mean abs dp | "
              "max abs dp | accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, config in engines.items():
         q = quality[name]

@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     args = parser.parse_args()
     docs = run_eval.load(args.limit)
-    int8 = EngineConfig(model_dir=args.model_dir, precision="int8", prefix_cache_bytes=0)
+    int8 = EngineConfig(model_dir=args.model_dir, precision="exact", prefix_cache_bytes=0)
     reference = run_eval.run_engine(int8.replace(precision="fp32"), docs)
 
     def probabilities(decisions):

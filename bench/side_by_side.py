@@ -3,9 +3,10 @@
     .venv/bin/python bench/side_by_side.py [--repeats 5] [--quick]
 
 Engines
-  prism engine int8 / fp32     the engine in-process (prefix cache off: every ticket is new); int8 is
-                               the default (2+2 passes) and the 1+1 rung (W8A8)
-  prism triton int8 / 1+1 / fp32  the same through a real tritonserver over HTTP (PrismClient)
+  prism engine int8 / exact / fp32  the engine in-process (prefix cache off: every ticket is new) in
+                               each precision: int8 the default (8-bit products on the rotated,
+                               GPTQ-rounded model), exact the 13-bit scheme
+  prism triton int8 / exact / fp32  the same through a real tritonserver over HTTP (PrismClient)
   HF generic fp32 / bf16       transformers, one forward per question, full-vocabulary softmax
   vLLM bf16 prefix on / off    vLLM's CPU build (.venv-vllm), candidate logprobs via logprob_token_ids
   llama.cpp Q8_0               llama-cpp-python built for this CPU (.venv-llama), the checkpoint
@@ -87,7 +88,7 @@ def timed(fn, batches) -> list[float]:
 
 
 LLAMA_LABEL = "llama.cpp Q8_0, KV prefix reuse"
-FAST_LABEL = "prism engine int8 1+1 (W8A8)"
+EXACT_LABEL = "prism engine exact (13-bit)"
 
 
 def peer_times(run, workloads: dict, prompts: dict, reps: int) -> tuple[dict[str, list[float]], dict]:
@@ -252,9 +253,9 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
     memory: dict[str, float] = {}
 
-    engine_configs = {  # the default, the fast rung of the precision ladder (bf16-class error), fp32
+    engine_configs = {  # the default, the exact scheme (near-fp32 error), fp32
         "prism engine int8": dict(precision="int8"),
-        FAST_LABEL: dict(precision="int8", act_passes=1, weight_passes=1),
+        EXACT_LABEL: dict(precision="exact"),
         "prism engine fp32": dict(precision="fp32"),
     }
     for label, settings in engine_configs.items():
@@ -292,7 +293,7 @@ def main() -> None:
     throughput_rows = {}
     servers = {  # label: (precision, extra config.pbtxt parameters, whether it also serves (c) and (d))
         "prism triton int8": ("int8", {}, True),
-        "prism triton int8 1+1 (W8A8)": ("int8", {"act_passes": "1", "weight_passes": "1"}, True),
+        "prism triton exact (13-bit)": ("exact", {}, True),
         "prism triton fp32": ("fp32", {}, False),
     }
     for index, (label, (precision, parameters, full)) in enumerate(servers.items()):
@@ -378,14 +379,13 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
               f"{peaks['bf16']:.0f} GFLOPS, fp32 {peaks['fp32']:.0f} GFLOPS. Prism int8 on (a): "
               f"{forest_tokens} tokens x {2 * params / 1e9:.2f} GOP of projections per token in {med[a][base]:.0f} ms "
               f"= {useful:.0f} useful GOPS = {100 * useful / peaks['int8']:.0f}% of the int8 peak, "
-              f"{100 * useful / peaks['fp32']:.0f}% of the fp32 peak. The default runs one exact product of "
-              f"13-bit integers per projection; on CPUs that is the int16 kernel (model/exact_matmul.py picks "
-              f"the fastest exact route), whose instructions run below the int8 rate."]
-    if FAST_LABEL in med[a]:
-        fast = 2 * params * forest_tokens / (med[a][FAST_LABEL] / 1000) / 1e9
-        lines.append(f"The 1+1 rung (8-bit integers; the 8-bit VNNI kernel where the CPU has it): {med[a][FAST_LABEL]:.0f} "
-                     f"ms on (a) = {fast:.0f} useful GOPS = {100 * fast / peaks['int8']:.0f}% of the int8 peak "
-                     "for the whole forward (attention and the rest included).")
+              f"{100 * useful / peaks['fp32']:.0f}% of the fp32 peak, for the whole forward (attention and the "
+              f"rest included). The default runs one exact product of 8-bit integers per projection (the 8-bit "
+              f"VNNI kernel where the CPU has it, model/exact_matmul.py picks the fastest exact route)."]
+    if EXACT_LABEL in med[a]:
+        exact = 2 * params * forest_tokens / (med[a][EXACT_LABEL] / 1000) / 1e9
+        lines.append(f"The exact precision (13-bit integers, the int16 kernel): {med[a][EXACT_LABEL]:.0f} "
+                     f"ms on (a) = {exact:.0f} useful GOPS = {100 * exact / peaks['int8']:.0f}% of the int8 peak.")
     # The speed issue's targets (#17): ratios = the engine's time / Prism's default's time.
     targets = [("(a) vs Prism fp32", med[a]["prism engine fp32"] / med[a][base], 2.0),
                ("(b) vs Prism fp32", med[b]["prism engine fp32"] / med[b][base], 2.0)]
@@ -396,9 +396,6 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     if LLAMA_LABEL in med[a]:
         targets += [("(a) vs llama.cpp Q8_0", med[a][LLAMA_LABEL] / med[a][base], 1.5),
                     ("(b) vs llama.cpp Q8_0", med[b][LLAMA_LABEL] / med[b][base], 1.2)]
-    if FAST_LABEL in med[a] and "vLLM bf16 prefix on" in med[a]:  # the fast rung, not the default: for reference
-        targets += [(f"(a) vs vLLM prefix caching on, {FAST_LABEL}", med[a]["vLLM bf16 prefix on"] / med[a][FAST_LABEL], 1.5),
-                    (f"(b) vs vLLM prefix caching on, {FAST_LABEL}", med[b]["vLLM bf16 prefix on"] / med[b][FAST_LABEL], 1.2)]
     overhead = med[a]["prism triton int8"] / med[a][base] - 1
     lines += ["", "## Against the targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
     for name, got, goal in targets:

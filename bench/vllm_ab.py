@@ -6,7 +6,7 @@ side_by_side.py for a machine where its Hugging Face bf16 and matmul-peak phases
 
 Each engine alone on the same cores, one after another, on the same token ids; every repeat a
 ticket no engine has seen (+1 warm-up ticket). Prism: the engine in-process (prefix cache off) in
-int8 (default and 1+1 passes) and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16
+int8 (the default), exact and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16
 with prefix caching on and off, and in fp32 with prefix caching on (the faster dtype where the
 CPU has no bf16 instructions). llama.cpp (.venv-llama, GGUF Q8_0 converted from the same
 checkpoint, bench/llama_cpp_driver.py) where it is installed: the prompts one after another, each
@@ -44,8 +44,8 @@ def main() -> None:
     ids = PromptIds(args.model_dir)
     prompts = {w: [ids(b) for b in bs] for w, bs in workloads.items()}
     times: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
-    prism = {"prism int8 (default, 2+2 passes)": {"precision": "int8"},
-             "prism int8 1+1 passes": {"precision": "int8", "act_passes": 1, "weight_passes": 1},
+    prism = {"prism int8 (default)": {"precision": "int8"},
+             "prism exact (13-bit)": {"precision": "exact"},
              "prism fp32": {"precision": "fp32"}}
     for label, settings in prism.items():
         print(label, flush=True)

@@ -106,6 +106,11 @@ class EngineConfig:
     def __post_init__(self):
         _ = self.compute  # building the compute settings checks precision, passes and kernels
         _ = self.exact_plan  # checks keep_exact
+        if self.precision == "int8" and (self.act_passes, self.weight_passes) == (1, 1):
+            # before 2026-12-01, int8 was the exact scheme and this its 8-bit rung
+            raise ConfigError("act_passes=1 with weight_passes=1 under precision 'int8' was the old 8-bit rung: "
+                              "precision 'int8' is now 8-bit by itself (rotated, GPTQ-rounded); plain "
+                              "round-to-nearest 8-bit is precision 'exact' with act_passes=1, weight_passes=1")
         if not 2 <= self.max_candidates <= self.max_options:
             raise ConfigError(
                 f"max_candidates must be between 2 and {self.max_options}, got {self.max_candidates}"

@@ -148,6 +148,12 @@ def test_the_plan_keeps_the_named_projections_exact(tiny_model_dir):
     assert engine.model.proj[0].qkv.act_passes == 1 and engine.model.proj[1].q.act_passes == 1
 
 
+def test_the_old_8_bit_rung_names_the_new_precisions(tmp_path):
+    with pytest.raises(ConfigError, match="precision 'exact' with act_passes=1"):
+        EngineConfig(model_dir=tmp_path, precision="int8", act_passes=1, weight_passes=1)
+    EngineConfig(model_dir=tmp_path, precision="exact", act_passes=1, weight_passes=1)
+
+
 @pytest.mark.parametrize("bad", ["mlp", "down@x", "down@"])
 def test_a_bad_plan_is_rejected(tmp_path, bad):
     with pytest.raises(ConfigError, match="keep_exact"):
