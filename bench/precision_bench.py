@@ -31,7 +31,7 @@ import run_eval  # noqa: E402
 from kernels.cpu.features import cpu_kind  # noqa: E402
 from prism_backend.config import PROJECTIONS, EngineConfig  # noqa: E402
 from prism_backend.model.exact_matmul import route  # noqa: E402
-from prism_backend.model.loader import load_hf_config, spec_from_config  # noqa: E402
+from prism_backend.model.spec import load_hf_config, spec_from_config  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, user_cache_dir  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
 

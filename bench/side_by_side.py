@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -41,6 +42,7 @@ from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp 
 from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
+from kernels.cpu.features import cpu_kind  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_launcher.reference import HFReference  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
@@ -186,6 +188,27 @@ def throughput(send, concurrency: int, requests: list) -> float:
     return len(requests) / (time.perf_counter() - t0)
 
 
+def prism_startup_seconds(options: ServerOptions, caches: Path | None) -> float:
+    """Seconds from launching tritonserver to every model ready. caches: empty folders for the
+    calibration (GPTQ integers) and the kernel library, so the start computes and builds them
+    (cold: a machine's first start); None keeps the usual ones (warm)."""
+    saved = {k: os.environ.get(k) for k in ("PRISM_CALIBRATION_CACHE", "PRISM_KERNEL_CACHE")}
+    if caches is not None:
+        for k, name in (("PRISM_CALIBRATION_CACHE", "calibration"), ("PRISM_KERNEL_CACHE", "kernels")):
+            (caches / name).mkdir(parents=True, exist_ok=True)
+            os.environ[k] = str(caches / name)
+    try:
+        t0 = time.perf_counter()
+        with TritonServer(options):
+            return time.perf_counter() - t0
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class VllmServer:
     def __init__(self, model_dir: Path):
         self.port = free_port()
@@ -290,6 +313,15 @@ def main() -> None:
             times[w][label] = t
         memory[label + " (process)"] = out["rss_bytes"] / 2**30
 
+    startup: dict[str, float] = {}  # server start to ready, seconds
+    print("server startup", flush=True)
+    with tempfile.TemporaryDirectory() as caches:
+        for state, folder in (("cold", Path(caches)), ("warm", None)):
+            options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                    model_dir=args.model_dir, extra_parameters={"num_threads": str(THREADS)})
+            startup[f"Prism int8 ({state}: calibration and kernel library "
+                    f"{'computed and built' if state == 'cold' else 'from their caches'})"] = prism_startup_seconds(
+                options, folder)
     throughput_rows = {}
     servers = {  # label: (precision, extra config.pbtxt parameters, whether it also serves (c) and (d))
         "prism triton int8": ("int8", {}, True),
@@ -325,7 +357,9 @@ def main() -> None:
                                           for c in concurrency]
     if vllm:
         print("vLLM server", flush=True)
+        t0 = time.perf_counter()
         server = VllmServer(args.model_dir)
+        startup["vLLM bf16 (its caches as they are)"] = time.perf_counter() - t0
         try:
             server.send(ids(workload_a(VLLM_TICKETS - 1)))  # warm-up (Prism's server is warm from (a)-(c))
             throughput_rows["vLLM server bf16 prefix on"] = [
@@ -341,14 +375,15 @@ def main() -> None:
         memory[f"prism engine {precision} (process peak)"] = peak_rss_of(engine_code.format(
             d=str(args.model_dir), p=precision, r=str(REGISTRY), t=SHARED_TICKET))
     peaks = matmul_peaks()
-    write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens)
+    write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
+                 startup)
 
 
 def write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps,
-                 forest_tokens: int) -> None:
+                 forest_tokens: int, startup: dict[str, float]) -> None:
     base = "prism engine int8"
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
-    lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "",
+    lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {cpu_kind()}, {time.strftime('%Y-%m-%d')}.", "",
              f"`{' '.join(['.venv/bin/python', 'bench/side_by_side.py'] + sys.argv[1:])}` on "
              f"{THREADS} thread(s), CPU(s) {CPUS} for every engine; SmolLM2-135M-Instruct; median of {reps} runs, each on a ticket no "
              "engine had seen (spread = min-max); ratio = engine time / Prism engine int8 time (> 1: Prism is "
@@ -366,6 +401,8 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
         lines.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
     lines += ["", "## Memory (GiB resident)", "", "| engine | GiB |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in memory.items()]
+    lines += ["", "## Server startup to ready (s)", "", "| server | s |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in startup.items()]
 
     a = next(w for w in workloads if w.startswith("a"))
     b = next(w for w in workloads if w.startswith("b"))
@@ -406,6 +443,9 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     if server_mem and vllm_mem:
         ratio = server_mem[0] / vllm_mem[0]
         lines.append(f"| serving memory vs vLLM | {ratio:.2f} of vLLM's | <= 0.25 | {'yes' if ratio <= 0.25 else 'no'} |")
+    if server_mem:
+        lines.append(f"| one replica's server tree | {server_mem[0]:.2f} GiB | <= 1.2 GiB | "
+                     f"{'yes' if server_mem[0] <= 1.2 else 'no'} |")
 
     plot_fractions = [w for w in workloads if w.startswith("c")]
     try:

@@ -11,9 +11,10 @@ and trunk cut into blocks, the unit of the prefix cache and of chunked prefill; 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+if TYPE_CHECKING:  # only annotations here: the tokenizer step imports EncodedRequest without torch
+    import torch
 
 
 @dataclass(frozen=True)

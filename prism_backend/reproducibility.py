@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 from pathlib import Path
 
 MKL_CBWR_ENV = "AUTO,STRICT"  # the MKL_CBWR environment value with the same meaning
@@ -41,9 +42,13 @@ def _mkl():
 
 
 def enable_strict_blas() -> None:
-    """Ask MKL for strict CNR. Harmless when MKL already computed something (it then keeps its
-    mode; `strict_blas_active` tells) or is absent."""
-    os.environ["MKL_CBWR"] = MKL_CBWR_ENV  # child processes, and MKL's own start-up read
+    """Ask MKL for strict CNR. Before torch is imported the environment variable is enough (MKL
+    reads it when it starts; measured: mkl_serv_cbwr_get then reports AUTO|STRICT), so importing
+    Prism does not import torch. With torch already imported, MKL is told directly; harmless when
+    it already computed something (it then keeps its mode; `strict_blas_active` tells) or is absent."""
+    os.environ["MKL_CBWR"] = MKL_CBWR_ENV  # this process's MKL when it starts, and child processes
+    if "torch" not in sys.modules:
+        return
     lib = _mkl()
     if lib is not None:
         lib.mkl_serv_cbwr_set(_AUTO | _STRICT)

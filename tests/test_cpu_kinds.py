@@ -53,7 +53,7 @@ AVX2_ENGINE_CHECK = """
 import json, sys, torch
 from prism_backend.config import EngineConfig
 from prism_backend.model import exact_matmul
-from prism_backend.serving.steps import DecisionStep
+from prism_backend.serving.decision_step import DecisionStep
 from kernels.cpu.features import cpu_kind
 out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "rungs": {}}
 for precision, passes in (("exact", 2), ("int8", 1)):

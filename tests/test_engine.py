@@ -10,7 +10,8 @@ from prism_backend.engine.engine import DecisionEngine
 from prism_backend.errors import RequestError, run_valid
 from prism_backend.engine.forest_builder import build_forest
 from prism_backend.forest import EncodedRequest
-from prism_backend.model.loader import CheckpointError, load_model
+from prism_backend.model.loader import load_model
+from prism_backend.model.spec import CheckpointError
 from prism_launcher.reference import HFReference
 from prism_backend.serving.pipeline import DecisionPipeline
 

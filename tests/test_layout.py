@@ -216,3 +216,36 @@ def test_prism_console_script_is_the_launcher_cli():
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"prism": "prism_launcher.cli:main"}
+
+
+def test_tokenizer_and_postprocess_stubs_run_without_torch(model_dir):
+    """The prism_tokenizer and prism_postprocess Triton models, imported and run as their stubs run
+    them (pb_utils replaced by an empty module: only execute() touches it), tokenize a request and
+    post-process its decisions without loading torch, the engine, the model layer or the kernels:
+    each stub then holds ~100 MiB instead of ~450 MiB."""
+    done = python("-c", f"""
+import importlib.util, json, sys, types
+import numpy as np
+sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, "model_repository/" + name + "/1/model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TritonPythonModel()
+
+tokenizer, post = load("prism_tokenizer"), load("prism_postprocess")
+tokenizer.initialize({{"model_config": json.dumps({{"parameters": {{"model_dir": {{"string_value": {str(model_dir)!r}}}}}}}), "model_repository": "model_repository/prism_tokenizer",
+                      "model_version": "1"}})
+out = tokenizer.step.run(np.array([b"I was charged twice this month."], dtype=object),
+                         np.array([b"team", b"severity"], dtype=object), None)
+n = int(out["candidate_counts"].sum())
+out["probabilities"] = np.full((1, n), 1.0 / n, np.float32)
+out["scoring_paths"] = np.array([[b"candidates", b"candidates"]], dtype=object)
+from prism_backend.serving.steps import postprocess
+print(len(postprocess(out)))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "kernels")
+             or m.startswith(("prism_backend.engine", "prism_backend.model.loader", "transformers.modeling_utils"))))
+""")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["2", "[]"], done.stdout

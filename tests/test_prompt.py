@@ -2,9 +2,12 @@
 import pytest
 
 from prism_backend.errors import RequestError
+from prism_backend.model.spec import load_hf_config, max_context, spec_from_config
+from prism_backend.text.prompt import render_user_content
 from prism_backend.text.tasks import Task
+from prism_backend.text.tokenizer import load_tokenizer
 
-from helpers import SAMPLE_TICKET
+from helpers import SAMPLE_TICKET, TINY_ARCHS
 
 TASKS = [
     Task("team", 1, "Which team should handle this ticket?", ("Billing", "Technical support", "Sales")),
@@ -41,13 +44,28 @@ def prompts(pipeline):
     return pipeline.frontend.prompts
 
 
+@pytest.fixture(scope="module")
+def hf_tokenizer(model_dir):
+    """transformers' own tokenizer of the checkpoint: the reference for Prism's torch-free one."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def hf_prompt_ids(hf_tokenizer, system, material, task) -> list[int]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": render_user_content(material, task)}]
+    text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 @pytest.mark.parametrize("material", AWKWARD_MATERIALS, ids=range(len(AWKWARD_MATERIALS)))
 @pytest.mark.parametrize("system", ["You are terse.", "System prompt ending with spaces   ", "ünïcode ✓"])
-def test_segments_concatenate_to_whole_prompt(prompts, material, system):
+def test_segments_concatenate_to_whole_prompt(prompts, hf_tokenizer, material, system):
+    """... and the whole prompt is transformers' rendering and tokenization of it (AutoTokenizer's
+    apply_chat_template), which Prism's torch-free tokenizer (text/tokenizer.py) must reproduce."""
     enc = prompts.encode(system, material, TASKS)
     for i, task in enumerate(TASKS):
-        whole = prompts.tokenizer(prompts.render(system, material.strip(), task), add_special_tokens=False)["input_ids"]
-        assert enc.prompt_ids(i) == whole
+        assert enc.prompt_ids(i) == hf_prompt_ids(hf_tokenizer, system, material.strip(), task)
 
 
 def test_trunk_is_shared_across_task_sets(prompts):
@@ -66,10 +84,10 @@ def test_root_shared_across_materials(prompts):
     assert a.root == b.root and a.trunk != b.trunk
 
 
-def test_candidates_are_single_letter_tokens(prompts):
+def test_candidates_are_single_letter_tokens(prompts, hf_tokenizer):
     enc = prompts.encode("S.", "m", TASKS)
     assert [len(c) for c in enc.candidates] == [3, 2, 4]
-    assert [prompts.tokenizer.decode([i]) for i in enc.candidates[2]] == ["A", "B", "C", "D"]
+    assert [hf_tokenizer.decode([i]) for i in enc.candidates[2]] == ["A", "B", "C", "D"]
 
 
 def test_material_longer_than_context_is_rejected(prompts):
@@ -80,3 +98,45 @@ def test_material_longer_than_context_is_rejected(prompts):
 def test_empty_material_is_rejected(prompts):
     with pytest.raises(RequestError, match="empty"):
         prompts.encode("S.", " \n\t ", TASKS[:1])
+
+
+def test_torch_free_tokenizer_falls_back_to_transformers(model_dir, tmp_path, hf_tokenizer):
+    """A checkpoint whose chat templates are named (a list in tokenizer_config.json) goes through
+    AutoTokenizer; either way the text and ids are transformers' own."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "config.json"):
+        shutil.copy(model_dir / name, tmp_path / name)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": (model_dir / "chat_template.jinja").read_text()}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    lean, fallback = load_tokenizer(model_dir), load_tokenizer(tmp_path)
+    assert (lean.source, fallback.source) == ("tokenizers", "transformers")
+    messages = [{"role": "system", "content": "S <|im_end|>"}, {"role": "user", "content": SAMPLE_TICKET}]
+    expected = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert lean.render(messages) == fallback.render(messages) == expected
+    assert lean.encode(expected) == fallback.encode(expected) == hf_tokenizer(expected, add_special_tokens=False)["input_ids"]
+    assert sorted(lean.added_tokens) == sorted(fallback.added_tokens)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("change", ["as written", "window on", "fields dropped"])
+def test_max_context_from_config_json_is_autoconfigs(tiny_model_dir, tmp_path, arch, change):
+    """The tokenizer step's context limit (config.json read without transformers) equals the
+    engine's (AutoConfig, defaults filled in), with a sliding window switched on or fields missing."""
+    import json
+    import shutil
+
+    source = tiny_model_dir(arch)
+    config = json.loads((source / "config.json").read_text())
+    if change == "window on":
+        config.update(sliding_window=100, use_sliding_window=True)
+    elif change == "fields dropped":
+        for key in ("sliding_window", "use_sliding_window", "max_position_embeddings"):
+            config.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expected = spec_from_config(load_hf_config(tmp_path)).max_context
+    assert max_context(tmp_path) == expected
+    if change == "window on" and arch != "llama3" and arch != "llama_tied":
+        assert expected == 100

@@ -66,9 +66,9 @@ def test_the_kernel_butterfly_equals_the_torch_one(shape, block):
 
 def logits(model_dir, rotated: bool, requests=3):
     """Candidate logits of the first calibration requests: (A, C) from the fp32 model."""
-    from transformers import AutoTokenizer
+    from prism_backend.text.tokenizer import load_tokenizer
 
-    reqs = calibration.calibration_requests(AutoTokenizer.from_pretrained(model_dir))[:requests]
+    reqs = calibration.calibration_requests(load_tokenizer(model_dir))[:requests]
     forest = build_forest(reqs)
     spec, weights = load_model(model_dir)
     if rotated:

@@ -13,9 +13,9 @@ from helpers import TINY_ARCHS
 
 
 def hidden_before_and_after(model_dir, alpha=0.5):
-    from transformers import AutoTokenizer
+    from prism_backend.text.tokenizer import load_tokenizer
 
-    requests = calibration_requests(AutoTokenizer.from_pretrained(model_dir))
+    requests = calibration_requests(load_tokenizer(model_dir))
     forest = build_forest(requests[:3])
     spec, weights = load_model(model_dir)
     before = ForestTransformer(spec, weights).answer_hidden(forest)

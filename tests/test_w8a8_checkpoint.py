@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from prism_backend.config import EngineConfig
-from prism_backend.model.loader import CheckpointError, load_model
+from prism_backend.model.loader import load_model
+from prism_backend.model.spec import CheckpointError
 from prism_backend.serving.pipeline import DecisionPipeline
 
 from helpers import REGISTRY

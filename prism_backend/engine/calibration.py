@@ -40,12 +40,14 @@ import prism_backend
 
 from ..config import EngineConfig
 from ..forest import EncodedRequest
-from ..model.loader import ModelSpec, load_model
+from ..model.loader import load_model
+from ..model.spec import ModelSpec
 from ..model.transformer import ForestTransformer
 from ..paths import user_cache_dir
 from ..reproducibility import torch_threads
 from ..text.prompt import PromptBuilder, render_prompt
 from ..text.tasks import Task
+from ..text.tokenizer import ChatTokenizer, load_tokenizer
 from .calibration_prompts import DOCUMENTS, QUESTIONS, SYSTEM
 from .forest_builder import build_forest
 
@@ -54,18 +56,18 @@ TASK = Task("calibration", None, "Which category fits best?", ("Billing", "Techn
 SMOOTHING_DOCUMENTS = 6  # SmoothQuant's statistics come from the first six documents (as they always have)
 
 
-def calibration_requests(tokenizer) -> list[EncodedRequest]:
+def calibration_requests(tokenizer: ChatTokenizer) -> list[EncodedRequest]:
     """SmoothQuant's prompts: one single-branch request per document (the whole prompt, rendered as
     every decision prompt is, as the branch). Only the forward's activations matter: the candidates
     are placeholders."""
     requests = []
     for doc in DOCUMENTS[:SMOOTHING_DOCUMENTS]:
-        ids = tuple(tokenizer(render_prompt(tokenizer, SYSTEM, doc, TASK), add_special_tokens=False)["input_ids"])
+        ids = tuple(tokenizer.encode(render_prompt(tokenizer, SYSTEM, doc, TASK)))
         requests.append(EncodedRequest((), (), (ids,), ((0, 1),)))
     return requests
 
 
-def gptq_requests(tokenizer, max_context: int) -> list[EncodedRequest]:
+def gptq_requests(tokenizer: ChatTokenizer, max_context: int) -> list[EncodedRequest]:
     """GPTQ's prompts: every document with every question, as a served request (root, trunk, four
     branches)."""
     builder = PromptBuilder(tokenizer, max_context)
@@ -88,11 +90,9 @@ def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
 
 
 def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
-    from transformers import AutoTokenizer
-
     from ..model.smoothing import calibrate
 
-    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    tokenizer = load_tokenizer(config.model_dir)
     # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
     forests = [build_forest([r], block_tokens=spec.max_context) for r in calibration_requests(tokenizer)]
     # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
@@ -114,14 +114,12 @@ def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, to
 
 
 def _gptq(config: EngineConfig) -> list[dict]:
-    from transformers import AutoTokenizer
-
     from ..model.gptq import collect_hessians, quantize_all
     from ..model.rotation import rotate
 
     spec, weights = load_model(config.model_dir)
     rotate(spec, weights)
-    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    tokenizer = load_tokenizer(config.model_dir)
     forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
     with torch_threads(1):  # one reduction order for the fp32 forward and the float64 Hessians
         hessians = collect_hessians(ForestTransformer(spec, weights, every_row=True), forests)

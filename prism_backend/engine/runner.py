@@ -12,7 +12,8 @@ import torch
 from ..config import EngineConfig
 from ..forest import EncodedRequest, Forest
 from .forest_builder import build_forest
-from ..model.loader import ModelSpec, load_hf_config, load_model, spec_from_config
+from ..model.loader import load_model
+from ..model.spec import ModelSpec, load_hf_config, spec_from_config
 from ..model.rotation import down_block, rotate
 from ..model.smoothing import apply_smoothing
 from ..model.tp import TPGroup, local_spec, plan_shards, shard_integers, shard_stats

@@ -10,43 +10,12 @@ architecture, so every RoPE variant those classes know is computed exactly as Hu
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
-
-
-class CheckpointError(ValueError):
-    """The checkpoint cannot be served; the message names the file, tensor or field."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    max_context: int
-    qkv_bias: bool  # Qwen2, or Llama with attention_bias
-    qk_norm: bool  # Qwen3
-    tie_word_embeddings: bool
-
-    @property
-    def q_dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
+from .spec import CheckpointError, ModelSpec, load_hf_config, spec_from_config
 
 @dataclass
 class LayerWeights:
@@ -90,46 +59,6 @@ def _rotary_class(model_type: str):
         "qwen2": Qwen2RotaryEmbedding,
         "qwen3": Qwen3RotaryEmbedding,
     }[model_type]
-
-
-def load_hf_config(model_dir: Path):
-    from transformers import AutoConfig
-
-    model_dir = Path(model_dir)
-    config_path = model_dir / "config.json"
-    if not config_path.exists():
-        raise CheckpointError(f"{config_path} not found: model_dir must be a Hugging Face checkpoint directory")
-    model_type = json.loads(config_path.read_text()).get("model_type")
-    if model_type not in SUPPORTED:
-        raise CheckpointError(
-            f"{config_path}: unsupported architecture model_type={model_type!r}; supported: {SUPPORTED}"
-        )
-    return AutoConfig.from_pretrained(model_dir)
-
-
-def spec_from_config(hf) -> ModelSpec:
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    max_context = hf.max_position_embeddings
-    window = getattr(hf, "sliding_window", None)
-    uses_window = getattr(hf, "use_sliding_window", hf.model_type == "mistral")
-    if window and uses_window:
-        # Prism attends over the whole prompt; past the window that would differ from the model.
-        max_context = min(max_context, window)
-    return ModelSpec(
-        model_type=hf.model_type,
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.hidden_size,
-        num_layers=hf.num_hidden_layers,
-        num_heads=hf.num_attention_heads,
-        num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-        head_dim=head_dim,
-        intermediate_size=hf.intermediate_size,
-        rms_norm_eps=hf.rms_norm_eps,
-        max_context=max_context,
-        qkv_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-        qk_norm=hf.model_type == "qwen3",
-        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-    )
 
 
 def _open_tensors(model_dir: Path) -> dict[str, tuple[Path, str]]:

@@ -36,7 +36,8 @@ import torch
 from kernels.cpu import exact_gemm
 
 from . import hadamard
-from .loader import ModelSpec, ModelWeights
+from .loader import ModelWeights
+from .spec import ModelSpec
 
 SIGN_SEED = 20261201
 MAX_DOWN_BLOCK = 128

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .loader import ModelSpec, ModelWeights
+from .loader import ModelWeights
+from .spec import ModelSpec
 
 
 class _AbsMax:

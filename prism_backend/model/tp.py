@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError
-from .loader import ModelSpec
+from .spec import ModelSpec
 from .rotation import down_block
 
 

@@ -16,7 +16,8 @@ from ..config import ComputeSettings
 from ..forest import Forest
 from .attention import ForestAttention
 from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
-from .loader import LayerWeights, ModelSpec, ModelWeights
+from .loader import LayerWeights, ModelWeights
+from .spec import ModelSpec
 from .quant import make_linear
 from .rotation import online_down
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..errors import RequestError, or_error, run_valid
-from .steps import DecisionStep, TokenizerStep, decisions
+from .decision_step import DecisionStep
+from .steps import TokenizerStep, decisions
 
 
 def _text_tensors(request: dict) -> tuple:

@@ -1,8 +1,11 @@
-"""The three pipeline steps as plain numpy-in, numpy-out objects.
+"""The tokenizer and post-processing steps, and the tensors between the three pipeline steps, as
+plain numpy-in, numpy-out code that imports neither torch nor the engine: the `prism_tokenizer`
+and `prism_postprocess` stubs load only this (tests/test_layout.py checks it). The decision step,
+which runs the engine, is decision_step.py.
 
-The Triton `model.py` files only move tensors between `pb_utils` and these classes, and the
-in-process `DecisionPipeline` (pipeline.py) chains the very same objects, so every line of request
-handling here runs, and is tested, without a server. Tensor layout between the steps (a leading 1
+The Triton `model.py` files only move tensors between `pb_utils` and these, and the in-process
+`DecisionPipeline` (pipeline.py) chains the very same objects, so every line of request handling
+here runs, and is tested, without a server. Tensor layout between the steps (a leading 1
 is the batch dimension of prism_decision):
 
     root_ids, trunk_ids      (1, L) int32
@@ -20,16 +23,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..config import BACKEND_PARAMETERS, EngineConfig
-from ..engine.engine import DecisionEngine
-from ..errors import RequestError, or_error, run_valid
+from ..errors import RequestError
 from ..forest import EncodedRequest
-from ..reproducibility import blas_mode_problem
 from ..text.decisions import build_decision, task_info
 from ..text.frontend import Frontend
-from .determinism import engine_self_check, synthetic_requests, thread_count_check
 
 TOKEN_TENSORS = ("root_ids", "trunk_ids", "branch_ids", "branch_lengths", "candidate_ids", "candidate_counts")
 
@@ -42,8 +41,6 @@ def numpy_inputs(get_tensor, request, names) -> dict:
         tensor = get_tensor(request, name)
         out[name] = None if tensor is None else tensor.as_numpy()
     return out
-
-
 
 
 def is_urgent(request_parameters: str) -> bool:
@@ -133,64 +130,6 @@ class TokenizerStep:
         out = encoded_to_tensors(enc)
         out["task_info"] = np.array([task_info(t).encode() for t in parsed], dtype=np.object_)
         return out
-
-
-class DecisionStep:
-    def __init__(self, config: EngineConfig, self_check: bool = True,
-                 share_weights_with: DecisionEngine | None = None):
-        """self_check: the served model's determinism self-check at start (`_self_check`;
-        `self_check_ok` is None when skipped). share_weights_with: see DecisionEngine."""
-        self.config = config
-        self.engine = DecisionEngine(self.config, share_weights_with)
-        self.self_check_ok, self.self_check_problems = None, []
-        try:
-            if self_check:
-                self.self_check_problems = self._self_check()
-                self.self_check_ok = not self.self_check_problems
-        except BaseException:
-            self.engine.close()
-            raise
-
-    def _self_check(self) -> list[str]:
-        """What breaks bit-identity on this machine and configuration (empty: nothing): the BLAS
-        mode, batch composition and cache state (engine_self_check), the thread count."""
-        requests = synthetic_requests(self.engine.spec.vocab_size)
-        problems = [p for p in [blas_mode_problem()] if p]
-        if not engine_self_check(self._score_ids, requests)[0]:
-            problems.append("results depend on how requests are batched")
-        threads = torch.get_num_threads()
-
-        def recomputed_at(reqs, count):
-            return [[s.probabilities for s in r] for r in self.engine.score(reqs, use_cache=False, threads=count)[0]]
-
-        same, digests = thread_count_check(recomputed_at, requests, threads)
-        if not same:
-            other = next(t for t in digests if t != threads)
-            problems.append(f"results with {threads} threads differ from results with {other}")
-        return problems
-
-    def close(self) -> None:
-        self.engine.close()
-
-    @property
-    def available(self) -> bool:
-        return self.engine.workers is None or self.engine.workers.failure is None
-
-    def _score_ids(self, requests: list[EncodedRequest]) -> list[list[np.ndarray]]:
-        results, _ = self.engine.score(requests)
-        return [[s.probabilities for s in r] for r in results]
-
-    def run(self, batch: list[dict[str, np.ndarray]]):
-        """One dict of token tensors per request -> per request outputs or a RequestError, + stats."""
-        scored, stats = run_valid([or_error(tensors_to_encoded, t) for t in batch], self.engine.score)
-        return [s if isinstance(s, RequestError) else _decision_outputs(s) for s in scored], stats
-
-
-def _decision_outputs(scores) -> dict[str, np.ndarray]:
-    return {
-        "probabilities": np.concatenate([s.probabilities for s in scores]).reshape(1, -1),
-        "scoring_paths": np.array([[s.path.encode() for s in scores]], dtype=np.object_),
-    }
 
 
 def decisions(t: dict[str, np.ndarray]) -> list[dict]:

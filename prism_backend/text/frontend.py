@@ -10,9 +10,10 @@ from pathlib import Path
 from ..config import EngineConfig
 from ..errors import RequestError
 from ..forest import EncodedRequest
-from ..model.loader import load_hf_config, spec_from_config
+from ..model.spec import max_context
 from .prompt import PromptBuilder
 from .tasks import Task, TaskRegistry
+from .tokenizer import load_tokenizer
 
 
 def decode_text(value, field: str) -> str:
@@ -31,13 +32,9 @@ def _raw(value) -> bytes:
 
 class Frontend:
     def __init__(self, config: EngineConfig, registry_path: Path):
-        from transformers import AutoTokenizer
-
         self.config = config
         self.registry = TaskRegistry.from_file(registry_path, config.max_options)
-        tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
-        max_context = spec_from_config(load_hf_config(config.model_dir)).max_context
-        self.prompts = PromptBuilder(tokenizer, max_context, config.max_options)
+        self.prompts = PromptBuilder(load_tokenizer(config.model_dir), max_context(config.model_dir), config.max_options)
 
     def parse_tasks(self, specs: list) -> list[Task]:
         if not specs:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from ..errors import RequestError
 from ..forest import EncodedRequest
 from .tasks import Task
+from .tokenizer import ChatTokenizer
 
 
 def common_prefix_length(a, b) -> int:
@@ -34,26 +35,24 @@ def render_user_content(material: str, task: Task) -> str:
     return f"{material}\n\n{task.question}\n{options}"
 
 
-def render_prompt(tokenizer, system: str, material: str, task: Task) -> str:
+def render_prompt(tokenizer: ChatTokenizer, system: str, material: str, task: Task) -> str:
     """The whole prompt of one question, as text, through the model's own chat template."""
     messages = [
         {"role": "system", "content": system},
         {"role": "user", "content": render_user_content(material, task)},
     ]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.render(messages)
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, max_context: int, max_letters: int = 26):
+    def __init__(self, tokenizer: ChatTokenizer, max_context: int, max_letters: int = 26):
         self.tokenizer = tokenizer
         self.max_context = max_context
-        self._added_tokens = sorted(
-            {t.content for t in tokenizer.added_tokens_decoder.values() if t.content}, key=len
-        )
+        self._added_tokens = sorted(set(tokenizer.added_tokens), key=len)
         self.letter_ids = self._letter_token_ids(max_letters)
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer.encode(text)
 
     def render(self, system: str, material: str, task: Task) -> str:
         return render_prompt(self.tokenizer, system, material, task)

@@ -11,9 +11,10 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from prism_backend.errors import EngineUnavailable, RequestError
+from prism_backend.serving.decision_step import DecisionStep
 from prism_backend.serving.metrics import AdmissionMetrics, EngineMetrics
 from prism_backend.serving.scheduler import REASONS, Scheduler
-from prism_backend.serving.steps import TOKEN_TENSORS, DecisionStep, is_urgent, numpy_inputs, triton_engine_config
+from prism_backend.serving.steps import TOKEN_TENSORS, is_urgent, numpy_inputs, triton_engine_config
 
 
 def make_family(name, description, kind):
