@@ -7,6 +7,9 @@ so the collectives inside the layers line up.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
+
 import torch
 
 from ..config import EngineConfig
@@ -58,7 +61,21 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
         apply_smoothing(mine, weights, shard_stats(stats, spec, shard), config.smooth_alpha,
                         None if group is None else group.all_reduce_max)
     compute = config.compute if group is None else config.compute.with_group(group)
-    return spec, ForestTransformer(mine, weights, compute), weights.lm_head
+    model = ForestTransformer(mine, weights, compute)
+    return_freed_heap()
+    return spec, model, weights.lm_head
+
+
+def return_freed_heap() -> None:
+    """Hand the heap that building freed back to the OS. Loading, rotating and GPTQ free about 1 GB of
+    float temporaries (the dequantised checkpoint, Hessians, float copies of the integer weights) that
+    glibc would otherwise keep mapped for the process's lifetime: a replica's resident memory would
+    be about three times its live tensors (docs/results.md, "Memory")."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator returns memory its own way
+        pass
 
 
 def full_kv_bytes_per_token(spec: ModelSpec) -> int:
