@@ -40,6 +40,35 @@ def test_transform_is_the_matrix_product_and_blockwise():
     torch.testing.assert_close(hadamard.transform(y, 128), y @ block, rtol=1e-12, atol=1e-10)
 
 
+def _transform_one_sum_at_a_time(x: torch.Tensor, order: int) -> torch.Tensor:
+    """x (R, n) -> x H (blocks of `order`) written out: every output a chain of sums and differences of
+    its inputs in index order, one factor of H at a time -- what hadamard.transform must equal bit
+    for bit (it vectorises and chunks the same additions)."""
+    y = x.reshape(x.shape[0], -1, *hadamard.factors(order))
+    for axis, f in enumerate(hadamard.factors(order), start=2):
+        h = hadamard.paley(f) if f > 2 else torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+        parts = y.unbind(axis)
+        out = []
+        for j in range(f):
+            acc = parts[0] if h[0, j] > 0 else -parts[0]
+            for i in range(1, f):
+                acc = acc + parts[i] if h[i, j] > 0 else acc - parts[i]
+            out.append(acc)
+        y = torch.stack(out, dim=axis)
+    return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows, n, block", [(3, 576, None), (300, 576, None), (700, 1536, 128), (5, 1536, 1536), (129, 40, 20)])
+def test_transform_is_the_written_out_sums(dtype, rows, n, block):
+    torch.manual_seed(rows + n)
+    x = torch.randn(rows, n, dtype=dtype) * torch.logspace(-3, 3, n, dtype=dtype)  # mixed magnitudes: rounding shows
+    x[0, :4] = torch.tensor([0.0, -0.0, 0.0, -0.0], dtype=dtype)
+    bits = torch.int32 if dtype == torch.float32 else torch.int64  # compares signed zeros too
+    got, want = hadamard.transform(x, block), _transform_one_sum_at_a_time(x, block or n)
+    assert torch.equal(got.view(bits), want.view(bits))
+
+
 def test_online_hadamard_is_batch_and_thread_invariant():
     """A row's bits are the same alone, in runs of 7 or in one batch, on 1 or 2 threads."""
     x = torch.randn(301, 1536)

