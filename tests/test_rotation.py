@@ -134,6 +134,19 @@ def test_rotated_weights_are_reproducible(tiny_model_dir):
                for x, y in zip(a.layers, b.layers))
 
 
+def test_rotation_runs_on_one_thread_and_gives_the_pool_back(tiny_model_dir, monkeypatch):
+    """Element-wise passes on one thread (two threads on busy cores wait for each other at every
+    pass); the caller's thread count is restored."""
+    seen = []
+    transform = hadamard.transform
+    monkeypatch.setattr(hadamard, "transform", lambda *a, **k: seen.append(torch.get_num_threads()) or transform(*a, **k))
+    spec, weights = load_model(tiny_model_dir("llama_tied"))
+    with torch_threads(2):
+        rotate(spec, weights)
+        assert torch.get_num_threads() == 2
+    assert seen and set(seen) == {1}
+
+
 def test_gptq_beats_round_to_nearest_on_the_inputs_it_saw():
     g = torch.Generator().manual_seed(0)
     mix = torch.randn(64, 64, generator=g)

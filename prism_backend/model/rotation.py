@@ -35,6 +35,7 @@ import torch
 
 from kernels.cpu import exact_gemm
 
+from ..reproducibility import torch_threads
 from . import hadamard
 from .loader import ModelWeights
 from .spec import ModelSpec
@@ -85,6 +86,10 @@ def online_down(x: torch.Tensor, block: int) -> torch.Tensor:
     return hadamard.transform(x, block)
 
 
+# One thread: the rotation is ~100k element-wise passes over cache-sized chunks, and with two threads on
+# cores another process also uses, each pass waits for the descheduled one (measured on 2 busy cores:
+# the embedding's rotation 118 s with 2 threads, 5.8 s with 1). Element-wise: the same bits either way.
+@torch_threads(1)
 @torch.no_grad()
 def rotate(spec: ModelSpec, weights: ModelWeights, block: int | None = None) -> None:
     """Rotate `weights` in place (see the module docstring); afterwards every norm gain is 1,
