@@ -12,6 +12,7 @@ Hugging Face bf16 reference (the slowest part by far on CPUs without bf16 instru
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -57,9 +58,18 @@ def run_engine(config: EngineConfig, docs: list[dict], return_prompt_ids: bool =
 
 def references(docs: list[dict], model_dir: Path, cache: Path | None, bf16: bool = True) -> dict:
     """fp32 (Prism engine) and bf16 (HF; None without `bf16`) probabilities; cached, since only
-    int8 changes between runs."""
+    int8 changes between runs. A cache is used only if it still holds this machine's fp32: the
+    first forest of documents is recomputed and must give the cached bits (fp32 is deterministic
+    for a given forest, CPU kind and code, not across them); else the reference is computed again."""
     if cache is not None and cache.exists():
-        return json.loads(cache.read_text())
+        cached = _read_json(cache)
+        if len(cached["fp32"]) != sum(len(d["tasks"]) for d in docs):
+            raise SystemExit(f"{cache} holds {len(cached['fp32'])} decisions, this run has "
+                             f"{sum(len(d['tasks']) for d in docs)}: a cache only fits the --limit it was written with")
+        if _still_valid(cached, docs, model_dir):
+            return cached
+        print(f"{cache}: the fp32 of the first {BATCH} documents changed (code, checkpoint or CPU kind): "
+              "computing the reference again", flush=True)
     t0 = time.perf_counter()
     fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), docs, return_prompt_ids=True)
     t1 = time.perf_counter()
@@ -71,17 +81,32 @@ def references(docs: list[dict], model_dir: Path, cache: Path | None, bf16: bool
         out["timings"]["bf16 (HF, per question)"] = time.perf_counter() - t1
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(out))
+        _write_json(cache, out)
     return out
+
+
+def _still_valid(cached: dict, docs: list[dict], model_dir: Path) -> bool:
+    first = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), docs[:BATCH])
+    fresh = [list(d["probabilities"].values()) for d in first]
+    return cached["fp32"][: len(fresh)] == fresh and cached["options"][: len(fresh)] == [list(d["probabilities"]) for d in first]
+
+
+def _read_json(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_json(path: Path, value: dict) -> None:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        json.dump(value, f)
 
 
 def evaluate(docs: list[dict], model_dir: Path, int8_config: dict, cache: Path | None = None,
              bf16: bool = True) -> tuple[dict, dict]:
     meta = [(t["set"], t["label"]) for d in docs for t in d["tasks"]]
     ref = references(docs, model_dir, cache, bf16)
-    if len(ref["fp32"]) != len(meta):
-        raise SystemExit(f"{cache} holds {len(ref['fp32'])} decisions, this run has {len(meta)}: a cache "
-                         "only fits the --limit it was written with")
     timings = dict(ref["timings"])
     t0 = time.perf_counter()
     int8 = run_engine(EngineConfig(model_dir=model_dir, **int8_config), docs)

@@ -55,3 +55,25 @@ def test_report_without_the_bf16_reference():
     assert [c.strip() for c in row[2:12]] == ["2", "0.500", "1.000", "nan", "0.500", "nan", "0.0020", "nan",
                                               "0.0030", "nan"]
     assert "int8 - fp32 = -50.00 points" in text
+
+
+def test_a_cached_reference_is_used_only_while_it_holds_this_machines_fp32(tmp_path, model_dir, capsys):
+    """`--cache`: reused while the first forest's fp32 recomputes to the cached bits; recomputed (and
+    rewritten) once it does not; refused for another --limit."""
+    import pytest
+    from run_eval import _read_json, _write_json, load, references
+
+    cache, docs = tmp_path / "reference.json.gz", load(1)
+    first = references(docs, model_dir, cache, bf16=False)
+    assert references(docs, model_dir, cache, bf16=False) == first
+    assert "computing the reference again" not in capsys.readouterr().out
+
+    stale = _read_json(cache)
+    stale["fp32"][0][0] += 1e-7  # what a changed fp32 path, checkpoint or CPU kind would look like
+    _write_json(cache, stale)
+    assert references(docs, model_dir, cache, bf16=False)["fp32"] == first["fp32"]
+    assert "computing the reference again" in capsys.readouterr().out
+    assert _read_json(cache)["fp32"] == first["fp32"]
+
+    with pytest.raises(SystemExit, match="only fits the --limit"):
+        references(load(2), model_dir, cache, bf16=False)
