@@ -1,6 +1,9 @@
 """The README's sample output of `prism decide` is what the current code prints for it (the int8
-default, in process: the same steps the server runs), to the printed precision; the percentages may
-differ by a rounding step on another CPU kind (float steps outside the exact products)."""
+default, in process: the same steps the server runs): the same choices, in the same order, with
+percentages within PERCENT_POINTS. Not to the printed digit: the int8 default's GPTQ integers come
+from fp32 / float64 products in MKL, whose code path depends on the CPU, so machines differ by a
+few points (measured 2026-12-02: Billing 67.12% on an AVX-512 VNNI + BF16 machine, 64.21% there
+with MKL's AVX2 path forced, 63.13% where the block was first made)."""
 import json
 import re
 
@@ -8,6 +11,7 @@ from helpers import REPO_ROOT, SAMPLE_TICKET
 from prism_client.cli import format_decisions
 from prism_client.client import Decision
 
+PERCENT_POINTS = 5.0
 ROW = re.compile(r"^\s+([* ])\s+([\d.]+)%\s+#*\s+(.+)$")
 
 
@@ -26,4 +30,4 @@ def test_the_readme_shows_what_prism_decide_prints(int8_pipeline):
             assert got == want
             continue
         (got_mark, got_p, got_option), (mark, p, option) = ROW.match(got).groups(), ROW.match(want).groups()
-        assert (got_mark, got_option) == (mark, option) and abs(float(got_p) - float(p)) <= 0.05, (got, want)
+        assert (got_mark, got_option) == (mark, option) and abs(float(got_p) - float(p)) <= PERCENT_POINTS, (got, want)
