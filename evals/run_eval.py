@@ -62,10 +62,10 @@ def references(docs: list[dict], model_dir: Path, cache: Path | None, bf16: bool
     first forest of documents is recomputed and must give the cached bits (fp32 is deterministic
     for a given forest, CPU kind and code, not across them); else the reference is computed again."""
     if cache is not None and cache.exists():
-        cached = _read_json(cache)
-        if len(cached["fp32"]) != sum(len(d["tasks"]) for d in docs):
-            raise SystemExit(f"{cache} holds {len(cached['fp32'])} decisions, this run has "
-                             f"{sum(len(d['tasks']) for d in docs)}: a cache only fits the --limit it was written with")
+        cached, decisions = _read_json(cache), sum(len(d["tasks"]) for d in docs)
+        if len(cached["fp32"]) != decisions:
+            raise SystemExit(f"{cache} holds {len(cached['fp32'])} decisions, this run has {decisions}: "
+                             "a cache only fits the --limit it was written with")
         if _still_valid(cached, docs, model_dir):
             return cached
         print(f"{cache}: the fp32 of the first {BATCH} documents changed (code, checkpoint or CPU kind): "

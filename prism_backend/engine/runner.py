@@ -70,7 +70,7 @@ def return_freed_heap() -> None:
     """Hand the heap that building freed back to the OS. Loading, rotating and GPTQ free about 1 GB of
     float temporaries (the dequantised checkpoint, Hessians, float copies of the integer weights) that
     glibc would otherwise keep mapped for the process's lifetime: a replica's resident memory would
-    be about three times its live tensors (docs/results.md, "Memory")."""
+    be about three times its live tensors (docs/results.md, "Memory of one replica")."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
