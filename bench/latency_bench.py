@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from kernels.cpu.features import cpu_kind  # noqa: E402
+from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
 from prism_launcher.cluster import PrismCluster  # noqa: E402
@@ -160,7 +160,7 @@ def main() -> None:
     tickets = new_tickets()
     lines = ["# Bounded latency: overload and bursts after quiet", "",
              f"`.venv/bin/python bench/latency_bench.py --seconds {args.seconds:g} --callers {args.callers} "
-             f"--bursts {args.bursts}`; {time.strftime('%Y-%m-%d')}, CPU kind {cpu_kind()}, "
+             f"--bursts {args.bursts}`; {time.strftime('%Y-%m-%d')}, CPU kind {machine()}, "
              f"{len(__import__('os').sched_getaffinity(0))} cores; `prism serve`'s stack (nginx front + replicas), "
              "int8 default, max_queue_wait_s 10 s.", ""]
     if args.only in (None, "overload"):

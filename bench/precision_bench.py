@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/precision_bench.py [--repeats 5] [--limit 16]
 
-Rungs: fp32; `exact` (13-bit integers, SmoothQuant); the `int8` default (rotated model, GPTQ 8-bit
-weights, 8-bit activations; the plan of EngineConfig.keep_exact); int8 with down kept exact (the
-plan that keeps 75% of the MACs in 8 bits); plain round-to-nearest W8A8 on the unrotated model (the
+Rungs: fp32; `exact` (13-bit integers, SmoothQuant); `int8` with nothing kept exact (rotated model,
+GPTQ 8-bit weights, 8-bit activations, every projection); the default, int8 with down kept exact
+(EngineConfig.keep_exact: 75% of the MACs in 8 bits); plain round-to-nearest W8A8 on the unrotated model (the
 exact scheme with one pass a side). Speed: the same forests (bench/workloads.py (a) and (b), prefix
 cache off) through every engine, repeats interleaved so machine noise hits all alike, medians.
 Accuracy: the first `--limit` documents of each eval file (evals/run_eval.py; its fp32 and bf16
@@ -28,7 +28,7 @@ from workloads import WORKLOADS, write_result
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "evals"))  # the eval's loaders (evals/ is no package)
 import run_eval  # noqa: E402
 
-from kernels.cpu.features import cpu_kind  # noqa: E402
+from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import PROJECTIONS, EngineConfig  # noqa: E402
 from prism_backend.model.exact_matmul import route  # noqa: E402
 from prism_backend.model.spec import load_hf_config, spec_from_config  # noqa: E402
@@ -40,8 +40,8 @@ def rungs(base: EngineConfig) -> dict[str, EngineConfig]:
     return {
         "fp32": base.replace(precision="fp32"),
         "exact (13 x 13 bits)": base.replace(precision="exact"),
-        "int8 (the default)": base.replace(precision="int8"),
-        "int8, down kept exact": base.replace(precision="int8", keep_exact="down"),
+        "int8, nothing kept exact": base.replace(precision="int8", keep_exact=""),
+        "int8, down kept exact (the default)": base.replace(precision="int8", keep_exact="down"),
         "plain W8A8 (round to nearest, unrotated)": base.replace(precision="exact", act_passes=1, weight_passes=1),
     }
 
@@ -106,8 +106,8 @@ def main() -> None:
     ms = {key: 1000 * statistics.median(t) for key, t in times.items()}
     a, b = WORKLOADS
     lines = ["# The precision ladder", "",
-             f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats} --limit {args.limit}` on "
-             f"{cpu_kind()}, {threads} thread(s), prefix cache off; speed: median of {args.repeats} interleaved "
+             f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats} --limit {args.limit}`, "
+             f"{time.strftime('%Y-%m-%d')}, on {machine()}, {threads} thread(s), prefix cache off; speed: median of {args.repeats} interleaved "
              f"runs per workload; accuracy: the first {args.limit} documents of each eval file "
              f"({len(bf16)} decisions) against the fp32 engine (mean/max: of each decision's largest "
              f"|p - p_fp32|). Exact-product routes here (model/exact_matmul.py): 8-bit `{route(1, 1)}`, "

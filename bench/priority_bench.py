@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from kernels.cpu.features import cpu_kind  # noqa: E402
+from kernels.cpu.features import machine  # noqa: E402
 from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
 from prism_launcher.server import ServerOptions, TritonServer  # noqa: E402
@@ -108,7 +108,7 @@ def main() -> None:
 
     lines = ["# Urgent decisions under a saturating bulk load", "",
              f"`.venv/bin/python bench/priority_bench.py --bulk-callers {args.bulk_callers} --probes {args.probes} "
-             f"--max-batch-sizes {args.max_batch_sizes}`; {time.strftime('%Y-%m-%d')}, CPU kind {cpu_kind()}, "
+             f"--max-batch-sizes {args.max_batch_sizes}`; {time.strftime('%Y-%m-%d')}, CPU kind {machine()}, "
              f"CPU(s) {sorted(os.sched_getaffinity(0))}; one tritonserver, int8, prefix cache on, max_queue_wait_s "
              f"10 s. Bulk: {args.bulk_callers} callers sending two-question requests (~250-token tickets) back to "
              "back (a refused one again after 0.2 s). Probes: one question, a new ticket each, timed one at a "

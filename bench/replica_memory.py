@@ -17,7 +17,7 @@ import datetime
 import psutil
 from workloads import OTHER_TICKETS, write_result
 
-from kernels.cpu.features import cpu_kind
+from kernels.cpu.features import machine
 from prism_backend.paths import DEFAULT_MODEL_DIR
 from prism_backend.processes import free_port
 from prism_client.client import PrismClient
@@ -50,7 +50,7 @@ def main() -> None:
         rows = [(role(p), p.memory_info().rss / 2**20) for p in [root, *root.children(recursive=True)]]
     total = sum(mib for _, mib in rows) / 1024
     lines = [f"# Resident memory of one replica ({args.precision}, {DEFAULT_MODEL_DIR.name})", "",
-             f"{datetime.date.today()}, {cpu_kind()}; `.venv/bin/python bench/replica_memory.py "
+             f"{datetime.date.today()}, {machine()}; `.venv/bin/python bench/replica_memory.py "
              f"--precision {args.precision} --tickets {args.tickets}`", "",
              "| process | resident MiB |", "|---|---|",
              *(f"| {name} | {mib:.0f} |" for name, mib in rows),

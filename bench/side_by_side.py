@@ -42,7 +42,7 @@ from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp 
 from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
-from kernels.cpu.features import cpu_kind  # noqa: E402
+from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_launcher.reference import HFReference  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
@@ -383,7 +383,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
                  forest_tokens: int, startup: dict[str, float]) -> None:
     base = "prism engine int8"
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
-    lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {cpu_kind()}, {time.strftime('%Y-%m-%d')}.", "",
+    lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {machine()}, {time.strftime('%Y-%m-%d')}.", "",
              f"`{' '.join(['.venv/bin/python', 'bench/side_by_side.py'] + sys.argv[1:])}` on "
              f"{THREADS} thread(s), CPU(s) {CPUS} for every engine; SmolLM2-135M-Instruct; median of {reps} runs, each on a ticket no "
              "engine had seen (spread = min-max); ratio = engine time / Prism engine int8 time (> 1: Prism is "

@@ -140,7 +140,7 @@ def pytest_terminal_summary(terminalreporter):
     from collections import Counter
 
     from helpers import ISA_SKIP
-    from kernels.cpu.features import cpu_kind
+    from kernels.cpu.features import machine
 
     reasons = Counter()
     for report in terminalreporter.stats.get("skipped", []):
@@ -148,4 +148,4 @@ def pytest_terminal_summary(terminalreporter):
         if ISA_SKIP in reason:
             reasons[reason.removeprefix("Skipped: ")] += 1
     skipped = "; ".join(f"{n} x {why}" for why, n in reasons.items()) or "none"
-    terminalreporter.write_line(f"CPU kind: {cpu_kind()}; ISA-specific tests skipped: {skipped}")
+    terminalreporter.write_line(f"CPU kind: {machine()}; ISA-specific tests skipped: {skipped}")

@@ -67,13 +67,31 @@ def has_avx512_vnni() -> bool:
 
 
 def cpu_kind() -> str:
-    """The machine kind in words, as results and test runs report it: 'AVX-512 VNNI + BF16',
-    'AVX-512 VNNI', 'AVX2' or 'other', with ' (forced)' where PRISM_CPU_ISA caps it."""
+    """The machine kind in words, as results and test runs report it: 'AVX-512 VNNI + BF16' (with
+    ' + AMX' where the CPU has Intel's matrix tiles, which oneDNN -- so torch's and vLLM's bf16 --
+    uses and Prism's kernels do not), 'AVX-512 VNNI', 'AVX2' or 'other', with ' (forced)' where
+    PRISM_CPU_ISA caps it."""
     flags = cpu_flags() or frozenset()
     if has_avx512_vnni():
         kind = "AVX-512 VNNI + BF16" if "avx512_bf16" in flags else "AVX-512 VNNI"
+        kind += " + AMX" if {"amx_int8", "amx_bf16"} <= flags else ""
     elif has_avx2():
         kind = "AVX2"
     else:
         kind = "other"
     return kind + (" (forced)" if _isa_cap() != "native" else "")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ('AMD EPYC 9R14 ...', 'Intel(R) Xeon(R) Processor'),
+    or 'unknown': results name it beside the kind, since two CPUs of one kind still differ in speed."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+def machine() -> str:
+    """Kind and model in one phrase, for the header of a result."""
+    return f"{cpu_kind()} ({cpu_model()})"
