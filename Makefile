@@ -48,7 +48,7 @@ test: setup
 # Accuracy parity of the default precision on the 7 labelled eval sets (12,400 decisions). The fp32 and
 # bf16 references (~1.5 hours on 2 cores) are kept in EVAL_REFERENCE, committed: run_eval.py reuses it
 # while the fp32 of the first 16 documents recomputes to its bits (same fp32 code, checkpoint and CPU
-# kind: it was made on an AVX-512 VNNI + BF16 machine), else computes it again and rewrites it. The
+# kind: it was made on an Intel Xeon with AVX-512 VNNI + BF16 + AMX), else computes it again and rewrites it. The
 # default precision's own run takes ~15-20 minutes.
 EVAL_REFERENCE ?= evals/reference-full.json.gz
 eval: setup
@@ -61,10 +61,13 @@ bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)
 	$(PY) bench/side_by_side.py $(ARGS)
 	$(PY) bench/cache_bench.py
 
-# llama.cpp compiled for this CPU (GGML_NATIVE), and the checkpoint as GGUF Q8_0 by llama.cpp's converter
+# llama.cpp compiled for this CPU (GGML_NATIVE), and the checkpoint as GGUF Q8_0 by llama.cpp's converter.
+# --no-cache-dir: a wheel pip kept from another machine's build dies with SIGILL on a CPU that lacks
+# one of that machine's instructions (seen: built on an AMD EPYC, run on an Intel Xeon).
 $(LLAMA_VENV)/.deps-installed:
 	$(PYTHON) -m venv $(LLAMA_VENV)
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check llama-cpp-python==0.3.36 numpy psutil
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
+		llama-cpp-python==0.3.36 numpy psutil
 	touch $@
 
 $(GGUF): $(MODEL_DIR)/.prism-converted
