@@ -4,10 +4,14 @@
 
 SmolLM2-135M's projection shapes at 760 rows (workload a's forest): for each, the median time of
   fp32 sgemm          the fp32 path's product (not batch-invariant: MKL may pick its kernel by M)
-  int8 _int_mm        one int8 x int8 -> int32 product (oneDNN; a plain loop without VNNI)
+  bf16 mm             a bf16 GEMM (oneDNN: the CPU's bf16 dot instructions, or AMX tiles on Intel
+                      Xeons that have them): vLLM's product on these CPUs, not exact
+  int8 _int_mm        one int8 x int8 -> int32 product (oneDNN, on AMX tiles where the CPU has them;
+                      a plain loop without VNNI, timed once there)
   fbgemm u8s8         one int8 product by FBGEMM's AVX2 kernel (vpmaddubsw), exact only while
                       |w| <= 64 (its int16 pair sums saturate beyond); shown as the CPU's int8 rate
   exact 1+1 (fp32)    one pass each side: an fp32 GEMM of the int8 values, K-chunks <= 1,040
+  exact 1+1 (vnni8)   the same integers by Prism's 8-bit VNNI kernel (AVX-512 VNNI CPUs only)
   exact 2+2 (int16)   two passes each side (the default, 13-bit integers) by the AVX2 int16 kernel
                       (kernels/cpu/exact_gemm.py): the route Prism takes on CPUs without VNNI; on
                       uniform random integers (its int32 runs then end every 16 k-pairs, the worst
@@ -28,6 +32,8 @@ import torch
 
 from workloads import write_result  # noqa: E402
 
+from kernels.cpu import exact_gemm  # noqa: E402
+from kernels.cpu.features import has_avx512_vnni, machine  # noqa: E402
 from prism_backend.model.exact_matmul import ExactWeight, int_bound  # noqa: E402
 
 ROWS = 760
@@ -81,6 +87,8 @@ def main() -> None:
         x2 = torch.randint(-int_bound(2), int_bound(2) + 1, (ROWS, k), generator=gen).float()
         w2 = torch.randint(-int_bound(2), int_bound(2) + 1, (k, n), generator=gen).float()
         one, two = ExactWeight(wf, 1, 1, "float"), ExactWeight(w2, 2, 2, "float")
+        one8 = ExactWeight(wf, 1, 1, "vnni8") if exact_gemm.vnni8_available() else None
+        xb, wb = xf.bfloat16(), wf.bfloat16()
         two16 = ExactWeight(w2, 2, 2, "int16")
         # decoder-like 13-bit integers: normal activations with a few outlier channels, quantised
         # per row, and weights per column (the int16 kernel's int32 runs are then many blocks long)
@@ -92,9 +100,11 @@ def main() -> None:
         fb = fbgemm_product(x8, torch.randint(-64, 65, (k, n), dtype=torch.int8, generator=gen))
         times = {
             "fp32 sgemm": median_ms(lambda: torch.mm(xf, wf), args.repeats),
-            "int8 _int_mm": median_ms(lambda: torch._int_mm(x8, w8), 1),
+            "bf16 mm": median_ms(lambda: torch.mm(xb, wb), args.repeats),
+            "int8 _int_mm": median_ms(lambda: torch._int_mm(x8, w8), args.repeats if has_avx512_vnni() else 1),
             "fbgemm u8s8": median_ms(fb, args.repeats) if fb else float("nan"),
             "exact 1+1 (fp32)": median_ms(lambda: one.matmul(xf), args.repeats),
+            "exact 1+1 (vnni8)": median_ms(lambda: one8.matmul(xf), args.repeats) if one8 else float("nan"),
             "exact 2+2 (int16, uniform)": median_ms(lambda: two16.matmul(x2), args.repeats),
             "exact 2+2 (int16, decoder-like)": median_ms(lambda: two16r.matmul(x2r), args.repeats),
             "exact 2+2 (fp64)": median_ms(lambda: two.matmul(x2), args.repeats),
@@ -105,7 +115,8 @@ def main() -> None:
     columns = list(rows[0][1])
     lines = ["# Exact integer products vs fp32, per projection", "",
              f"`.venv/bin/python bench/gemm_routes.py --threads {args.threads}`: {ROWS} rows, median of "
-             f"{args.repeats} (`_int_mm`: 1 run), ms; CPU capability {torch.backends.cpu.get_cpu_capability()}.", "",
+             f"{args.repeats} (`_int_mm` without VNNI: 1 run), ms; {time.strftime('%Y-%m-%d')}, {machine()}, torch "
+             f"CPU capability {torch.backends.cpu.get_cpu_capability()}.", "",
              "| projection | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for name, times in rows:
         lines.append(f"| {name} | " + " | ".join(f"{times[c]:.1f}" for c in columns) + " |")

@@ -264,11 +264,12 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
             config = EngineConfig(model_dir=model_dir, precision=precision, kernels=backend)
             results[backend] = DecisionPipeline(config, REGISTRY).decide_many(requests)[0]
         # the triton run: all-rows attention in layer 0, answers-only in the last layer; integer GEMMs
-        # qkv, o, gate_up, down per layer, the last layer's q and kv apart: one call each for int8's
-        # 8-bit integers, two with exact's two passes a side (the second: later activation passes x
-        # the weight's second pass)
+        # qkv, o, gate_up, down per layer, the last layer's q and kv apart: one call each for 8-bit
+        # integers, two for the exact scheme's two passes a side (the second: later activation passes
+        # x the weight's second pass) -- int8's default plan keeps down exact, one more call a layer
+        projections = 4 * (layers - 1) + 5
         assert calls["attention"] == layers
-        assert calls["gemm"] == {"fp32": 0, "int8": 1, "exact": 2}[precision] * (4 * (layers - 1) + 5)
+        assert calls["gemm"] == {"fp32": 0, "int8": projections + layers, "exact": 2 * projections}[precision]
         for torch_req, triton_req in zip(results["torch"], results["triton"]):
             for a, b in zip(torch_req, triton_req):
                 np.testing.assert_allclose(list(a["probabilities"].values()), list(b["probabilities"].values()),

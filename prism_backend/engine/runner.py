@@ -29,8 +29,8 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     """-> (the checkpoint's full spec, this rank's ForestTransformer, the LM head (V, H)).
 
     int8: the checkpoint rotated (model/rotation.py), its projections GPTQ's 8-bit integers
-    (calibration.gptq_integers) except those the plan keeps exact -- or, for a W8A8 checkpoint, its
-    own integers unrotated; exact: SmoothQuant-smoothed and
+    (calibration.gptq_integers) except those the plan keeps exact -- or, for a W8A8 checkpoint, all
+    its own integers unrotated, whatever the plan; exact: SmoothQuant-smoothed and
     rounded at load; fp32 as stored. Under tensor parallelism rank 0 computes (or loads) what the
     full model needs and every rank takes its shard of it, so each holds what TP = 1 would."""
     spec = spec_from_config(load_hf_config(config.model_dir))
@@ -39,10 +39,10 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     _, weights = load_model(config.model_dir, shard)
     quantized = weights.layers[0].integers is not None  # a W8A8 checkpoint: its own integers, as they are
     integers = stats = None
-    if config.precision == "int8" and quantized:
-        for i, lw in enumerate(weights.layers):
-            lw.integers = {name: ints for name, ints in lw.integers.items() if not config.keeps_exact(name, i)}
-    elif config.precision == "int8":
+    # int8 on a W8A8 checkpoint serves every projection's own integers: the precision plan
+    # (keep_exact) chooses among Prism's own calibrations, and a checkpoint rounded to 8 bits
+    # elsewhere has no 13-bit weights to keep
+    if config.precision == "int8" and not quantized:
         integers = calibration.gptq_integers(config) if first else None
     elif config.precision == "exact" and config.smooth_alpha > 0:
         # statistics must equal TP = 1's: one fp32 forward of the whole model (these weights when unsplit)
