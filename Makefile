@@ -62,11 +62,15 @@ bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)
 	$(PY) bench/cache_bench.py
 
 # llama.cpp compiled for this CPU (GGML_NATIVE), and the checkpoint as GGUF Q8_0 by llama.cpp's converter.
-# --no-cache-dir: a wheel pip kept from another machine's build dies with SIGILL on a CPU that lacks
-# one of that machine's instructions (seen: built on an AMD EPYC, run on an Intel Xeon).
+# --no-cache-dir: a wheel pip kept from another machine's build may use instructions this CPU lacks.
+# -mno-amx-*: on an Intel Xeon with AMX, -march=native compiles ggml's AMX matmul, which died with
+# SIGILL at its first `tilezero` on such a VM (2026-12-02); llama.cpp then runs its AVX-512 VNNI
+# code, as on an AMD EPYC (not yet re-run with these flags).
+LLAMA_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 $(LLAMA_VENV)/.deps-installed:
 	$(PYTHON) -m venv $(LLAMA_VENV)
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
+	CFLAGS="$(LLAMA_NO_AMX)" CXXFLAGS="$(LLAMA_NO_AMX)" CMAKE_ARGS="-DGGML_NATIVE=ON" \
+		$(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
 		llama-cpp-python==0.3.36 numpy psutil
 	touch $@
 
