@@ -420,8 +420,9 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
               f"{forest_tokens} tokens x {2 * params / 1e9:.2f} GOP of projections per token in {med[a][base]:.0f} ms "
               f"= {useful:.0f} useful GOPS = {100 * useful / peaks['int8']:.0f}% of the int8 peak, "
               f"{100 * useful / peaks['fp32']:.0f}% of the fp32 peak, for the whole forward (attention and the "
-              f"rest included). The default runs one exact product of 8-bit integers per projection (the 8-bit "
-              f"VNNI kernel where the CPU has it, model/exact_matmul.py picks the fastest exact route)."]
+              f"rest included). The default runs qkv, o and gate_up as exact products of 8-bit integers (the "
+              f"8-bit VNNI kernel where the CPU has it) and down in the exact 13-bit scheme; "
+              f"model/exact_matmul.py picks the fastest exact route."]
     if EXACT_LABEL in med[a]:
         exact = 2 * params * forest_tokens / (med[a][EXACT_LABEL] / 1000) / 1e9
         lines.append(f"The exact precision (13-bit integers, the int16 kernel): {med[a][EXACT_LABEL]:.0f} "
