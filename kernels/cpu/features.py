@@ -36,15 +36,24 @@ def _isa_cap() -> str:
     return cap
 
 
+@functools.cache
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first `field` line of /proc/cpuinfo, or None where it cannot be read (not Linux x86)."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith(field))
+    except (OSError, StopIteration):
+        return None
+
+
 @functools.cache  # read once per process: the 8-bit kernel's callers ask on every call
 def cpu_flags() -> frozenset[str] | None:
     """The CPU's feature flags from /proc/cpuinfo (without AVX-512 ones under PRISM_CPU_ISA=avx2),
     or None where they cannot be read (not Linux x86)."""
-    try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
+    line = _cpuinfo("flags")
+    if line is None:
         return None
-    flags = frozenset(line.split(":", 1)[1].split())
+    flags = frozenset(line.split())
     if _isa_cap() == "avx2":
         flags = frozenset(f for f in flags if not f.startswith("avx512"))
     return flags
@@ -85,11 +94,7 @@ def cpu_kind() -> str:
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo ('AMD EPYC 9R14 ...', 'Intel(R) Xeon(R) Processor'),
     or 'unknown': results name it beside the kind, since two CPUs of one kind still differ in speed."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
+    return _cpuinfo("model name") or "unknown"
 
 
 def machine() -> str:
