@@ -30,7 +30,7 @@ import run_eval  # noqa: E402
 
 from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import PROJECTIONS, EngineConfig  # noqa: E402
-from prism_backend.model.exact_matmul import route  # noqa: E402
+from prism_backend.model.exact_matmul import chosen_routes  # noqa: E402
 from prism_backend.model.spec import load_hf_config, spec_from_config  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, user_cache_dir  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
@@ -104,14 +104,15 @@ def main() -> None:
                 times[(workload, name)].append(time.perf_counter() - start)
 
     ms = {key: 1000 * statistics.median(t) for key, t in times.items()}
+    routes = ", ".join(f"{p}+{q} {k}x{n} `{r}`" for (p, q, k, n), r in sorted(chosen_routes().items())) or "none"
     a, b = WORKLOADS
     lines = ["# The precision ladder", "",
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats} --limit {args.limit}`, "
              f"{time.strftime('%Y-%m-%d')}, on {machine()}, {threads} thread(s), prefix cache off; speed: median of {args.repeats} interleaved "
              f"runs per workload; accuracy: the first {args.limit} documents of each eval file "
              f"({len(bf16)} decisions) against the fp32 engine (mean/max: of each decision's largest "
-             f"|p - p_fp32|). Exact-product routes here (model/exact_matmul.py): 8-bit `{route(1, 1)}`, "
-             f"13-bit `{route(2, 2)}`.", "",
+             f"|p - p_fp32|). Exact-product routes the engines chose here (model/exact_matmul.py; passes, "
+             f"K x N): {routes}.", "",
              "| precision | 8-bit MACs | (a) ms | (a) / fp32 | (b) ms | (b) / fp32 | agreement | mean abs dp | "
              "max abs dp | accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, config in engines.items():

@@ -280,3 +280,63 @@ def test_8_bit_kernel_fused_epilogue_rows_and_threads(m, bias):
     for threads in (1, 2, 3, 4):
         with torch_threads(threads):
             assert torch.equal(packed.matmul(x[:m], 127, x_scale[:m], w_scale, b), full[:m]), threads
+
+
+# ---- the int_mm route: torch._int_mm on base-128 digits, the library's quantiser and epilogue ----
+# (sizes stay small: without VNNI torch._int_mm is a plain loop)
+
+@pytest.mark.parametrize("passes", [1, 2, 3])
+@pytest.mark.parametrize("m, k", [(1, 576), (7, 577), (33, 1536), (3, 5)])
+def test_digit_quantisation_equals_the_torch_one(m, k, passes):
+    """The library's quantiser writes quant.py's integers split into int8_passes' digits (stacked,
+    most significant first) and the same scales, bit for bit: ties, an all-zero row, tiny rows."""
+    from prism_backend.model.exact_matmul import int8_passes, round_to_grid, symmetric_scale
+
+    bound = int_bound(passes)
+    gen = torch.Generator().manual_seed(m * k + passes)
+    x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 9, k)
+    x[0, :4] = torch.tensor([2.5, -2.5, 3.5, 0.5]) * (x[0].abs().max() / bound)  # exact ties after the division
+    if m > 2:
+        x[1] = 0.0
+        x[2] *= 1e-30
+    weight = exact_gemm.DigitWeight(int8_passes(torch.zeros(k, 3), 2), passes)
+    digits, scale = weight.quantize(x, bound)
+    ref_scale = symmetric_scale(x.abs().amax(dim=1, keepdim=True), bound)
+    assert torch.equal(scale, ref_scale)
+    assert digits.dtype == torch.int8 and torch.equal(digits, torch.cat(int8_passes(round_to_grid(x, ref_scale, bound), passes)))
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (37, 1100, 193), (13, 31, 3)])
+@pytest.mark.parametrize("passes", [(1, 1), (2, 2), (2, 1), (1, 2), (3, 2)])
+def test_digit_products_exact_at_the_bounds(m, k, n, passes):
+    from prism_backend.model.exact_matmul import int8_passes
+
+    xb, wb = int_bound(passes[0]), int_bound(passes[1])
+    x, w = extreme_integers(m, k, n, xb, wb, seed=m * k + n)
+    weight = exact_gemm.DigitWeight(int8_passes(w, passes[1]), passes[0])
+    for operand in (x, torch.cat(int8_passes(x, passes[0]))):  # integers, or their stacked digits
+        got = weight.matmul(operand, xb)
+        assert got.dtype == torch.float64 and torch.equal(got, x.double() @ w.double())
+    assert got[0, 0] == k * xb * wb  # the largest possible sum really was computed
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("m", [1, 5, 200])
+def test_digit_epilogue_rows_and_threads(m, passes, bias):
+    """The combining epilogue gives the torch epilogue's bits, and neither the rows in the call nor
+    the thread count changes one."""
+    from prism_backend.model.exact_matmul import int8_passes
+
+    bound = int_bound(passes)
+    x, w = extreme_integers(200, 1537, 193, bound, bound, seed=m)
+    gen = torch.Generator().manual_seed(m)
+    x_scale, w_scale = torch.rand(200, 1, generator=gen) * 1e-2, torch.rand(193, generator=gen) * 1e-3
+    b = torch.randn(193, generator=gen) if bias else None
+    weight = exact_gemm.DigitWeight(int8_passes(w, passes), passes)
+    with torch_threads(1):
+        full = weight.matmul(x, bound, x_scale, w_scale, b)
+    assert torch.equal(full, dequantize(x.double() @ w.double(), x_scale, w_scale, b))
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            assert torch.equal(weight.matmul(x[:m], bound, x_scale[:m], w_scale, b), full[:m]), threads

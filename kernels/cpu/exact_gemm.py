@@ -101,6 +101,13 @@ def load():
         lib.prism_vnni8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_int]
+        lib.prism_quantize_rows_digits.restype = None
+        lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.prism_combine_digits.restype = None
+        lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_int]
         lib.prism_hadamard_rows.restype = None
         lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         _lib = lib
@@ -286,4 +293,61 @@ class PackedWeight8:
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
         lib.prism_vnni8_gemm(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
                              *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+DIGIT_BASE = 128  # passes are base-128 digits, most significant first (prism_backend/model/exact_matmul.py)
+
+
+def split_digits(x_int: torch.Tensor, passes: int) -> list[torch.Tensor]:
+    """Integer-valued tensor, |x_int| < 128^passes / 2 -> its base-128 digits as int8 tensors, most
+    significant first (|first| <= 127, |others| <= 64); exact in float32."""
+    digits, rest = [], x_int.float()
+    for i in range(passes - 1, -1, -1):
+        digit = torch.round(rest / DIGIT_BASE**i)  # a division by a power of two: exact
+        digits.append(digit.to(torch.int8))
+        rest = rest - digit * DIGIT_BASE**i
+    return digits
+
+
+class DigitWeight:
+    """An integer weight W (K, N) as its base-128 int8 digits, multiplied by `torch._int_mm` (oneDNN's
+    int8 GEMM: exact int32 sums, on AMX tiles where the CPU has them, VNNI otherwise), with this
+    library's quantiser writing the activations' digits and its epilogue combining the P * Q digit
+    products in int64 and dequantising: PackedWeight's contract for integers of any pass count."""
+
+    def __init__(self, w_digits: list[torch.Tensor], act_passes: int):
+        """w_digits: W's digits, (K, N) int8 each, most significant first (split_digits)."""
+        self.w_digits = [d.contiguous() for d in w_digits]
+        self.k, self.n = self.w_digits[0].shape
+        self.act_passes = act_passes
+
+    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (M, K) float32 -> the digits of its per-row integers, stacked (P * M, K) int8 (digit i
+        in rows i*M..), and the row scales (M, 1) float32: quant.py's quantisation and int8_passes."""
+        x = x.float().contiguous()
+        m = x.shape[0]
+        digits = torch.empty(self.act_passes * m, self.k, dtype=torch.int8)
+        scale = torch.empty(m, 1, dtype=torch.float32)
+        _library().prism_quantize_rows_digits(x.data_ptr(), m, self.k, x_bound, self.act_passes, digits.data_ptr(),
+                                              scale.data_ptr(), torch.get_num_threads())
+        return digits, scale
+
+    def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x_int: quantize()'s stacked int8 digits, or (M, K) integer-valued, |x_int| <= x_bound.
+        Without scales -> (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) ->
+        (M, N) float32, ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
+        if x_int.dtype == torch.int8:
+            digits = x_int.contiguous()
+        else:
+            digits = torch.cat(split_digits(x_int, self.act_passes))
+        m = digits.shape[0] // self.act_passes
+        # (P * M, N) int32 each, exact; one product per weight digit over all activation digits (row
+        # blocks sized for L2 measured slower: oneDNN's own blocking does better on the whole)
+        products = [torch._int_mm(digits, w) for w in self.w_digits]
+        pointers = (ctypes.c_void_p * len(products))(*[p.data_ptr() for p in products])
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
+        _library().prism_combine_digits(pointers, m, self.n, self.act_passes, len(products), *epilogue.pointers,
+                                        out.data_ptr(), torch.get_num_threads())
         return out

@@ -8,9 +8,12 @@ int8 digits (X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64). The product 
 matrix; every route below returns it exactly, as float64 (every value is below 2^53), so which route
 runs can never change a bit:
 
-  int_mm  the P * Q int8 x int8 -> int32 products of the passes by `torch._int_mm` (exact int32
-          accumulation), combined in int64. With VNNI (oneDNN's int8 kernels) this is the fastest
-          product torch has.
+  int_mm  the P * Q int8 x int8 -> int32 products of the passes by `torch._int_mm` (oneDNN: exact
+          int32 sums, on AMX tiles where the CPU has them, vpdpbusd with VNNI), the activations'
+          digits written by the kernel library's quantiser and the products combined in int64 and
+          dequantised by its epilogue (kernels/cpu/exact_gemm.py DigitWeight; unfused torch passes
+          where the library cannot load). On an Intel Xeon with AMX it is the fastest route for one
+          pass a side and for a 13-bit down_proj.
   int16   without VNNI, int8 arithmetic runs at the float32 FMA rate (and `torch._int_mm` is a plain
           loop, 29x slower than an fp32 GEMM on an AVX2 EPYC). AVX2's vpmaddwd multiplies int16
           pairs at that same rate, so kernels/cpu/exact_gemm.py multiplies 13-bit x 13-bit integers
@@ -30,13 +33,13 @@ runs can never change a bit:
             (1040 * 127^2 < 2^24), each chunk's exact result summed in float64;
           - more passes: one float64 GEMM (|X W| <= 2080768 * 8191 * K < 2^53 for K below 500,000).
 
-The route is chosen once per process and pass count, by timing every route that can run here on a
-SmolLM2-sized product of integers of those bounds and taking the fastest. On an AVX2 CPU without
-VNNI that is `int16`. On an AVX-512 VNNI EPYC it is `int16` for two passes and `vnni8` for one pass a
-side: `int_mm` runs P * Q int8 products plus their int64 combination and unfused (de)quantisation,
-and for the default two passes that made one layer's projections 3.6x slower than fp32 where
-`int16` runs at 0.85x fp32's time (bench/isa_peak.py). Timing noise can only pick a slower route,
-never other bits.
+The route is chosen once per process, pass counts and weight shape, by timing every route that can
+run here on that projection and taking the fastest. On an AVX2 CPU without VNNI that is `int16`. On
+an AVX-512 VNNI EPYC it was `int16` for two passes and `vnni8` for one pass a side (oneDNN's int8
+products there are no faster than `vnni8`, and the unfused `int_mm` made one layer's 13-bit
+projections 3.6x slower than fp32, bench/isa_peak.py). On an Intel Xeon with AMX (bench/gemm_routes.py)
+`int_mm` wins for one pass a side and for down_proj's 13 bits, `int16` for gate_up's 13 bits.
+Timing noise can only pick a slower route, never other bits.
 PRISM_EXACT_ROUTE (older name: PRISM_INT8_ROUTE, still read) forces one route for every pass count
 (tests, benchmarks).
 """
@@ -51,13 +54,13 @@ import torch
 from kernels.cpu import exact_gemm
 
 EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
-PASS_BASE = 128  # passes are base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
+PASS_BASE = exact_gemm.DIGIT_BASE  # base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
 BOUNDS = {1: 127, 2: 8191, 3: 127 * PASS_BASE**2}
 ROUTES = ("int_mm", "int16", "vnni8", "float")
 # the variable that forces a route, and its older name (read where the new one is not set)
 ROUTE_VARIABLE, OLD_ROUTE_VARIABLE = "PRISM_EXACT_ROUTE", "PRISM_INT8_ROUTE"
 _route: str | None = None  # a forced route (PRISM_EXACT_ROUTE, tests) for every pass count, or None
-_fastest: dict[tuple[int, int], str] = {}  # (act_passes, weight_passes) -> the route timed fastest here
+_fastest: dict[tuple[int, int, int, int], str] = {}  # (act_passes, weight_passes, K, N) -> the fastest route here
 
 
 def int_bound(passes: int) -> int:
@@ -90,12 +93,7 @@ def quantize_rows(x: torch.Tensor, bound: int, reduce_max=None) -> tuple[torch.T
 def int8_passes(x: torch.Tensor, passes: int) -> list[torch.Tensor]:
     """Integer-valued float tensor, |x| <= int_bound(passes) -> its base-128 digits as int8 tensors,
     most significant first (|first| <= 127, |others| <= 64). All steps are exact in float32."""
-    digits, rest = [], x
-    for i in range(passes - 1, -1, -1):
-        digit = torch.round(rest / PASS_BASE**i)  # a division by a power of two: exact
-        digits.append(digit.to(torch.int8))
-        rest = rest - digit * PASS_BASE**i
-    return digits
+    return exact_gemm.split_digits(x, passes)
 
 
 def _time(fn, repeats: int = 5, give_up: float = math.inf) -> float:
@@ -146,25 +144,27 @@ def _forced() -> str | None:
     return _route
 
 
-def route(act_passes: int = 2, weight_passes: int = 2) -> str:
-    """The CPU route of this process for integers of these pass counts (see the module docstring):
-    the fastest at the served projection (quantise, multiply, dequantise: ExactWeight.linear) on a
-    (512, 576) x (576, 1536) product, timed once per pass count (~0.1 s), a route's timing cut
-    short once it cannot win. Timing the bare product instead let `int_mm` win for one pass a side
-    now and then, though with its unfused passes it serves 3.9x slower than `vnni8`."""
+def route(act_passes: int = 2, weight_passes: int = 2, shape: tuple[int, int] = (576, 1536)) -> str:
+    """The CPU route of this process for a (K, N) = `shape` weight of integers of these pass counts
+    (see the module docstring): the fastest at the served projection (quantise, multiply, dequantise:
+    ExactWeight.linear) on 512 rows, timed once per pass counts and shape (~0.1 s each), a route's
+    timing cut short once it cannot win. Per shape, because the winner depends on it: on an Intel
+    Xeon with AMX, `int_mm` runs a 13-bit down_proj (1536, 576) 2.4x faster than `int16` but a 13-bit
+    gate_up (576, 3072) 1.3x slower (its four int32 digit products outgrow the caches). Timing the
+    bare product instead of the served projection let the unfused `int_mm` win now and then."""
     forced = _forced()
     if forced is not None:
         return forced
-    key = (act_passes, weight_passes)
+    k, n = shape
+    key = (act_passes, weight_passes, k, n)
     if key not in _fastest:
         gen = torch.Generator().manual_seed(0)
         x_bound, w_bound = int_bound(act_passes), int_bound(weight_passes)
-        # a gate_up-sized product of 512 rows: long enough (~1-3 ms) that thread wake-ups and
-        # scheduling jitter cannot reorder routes that differ by 2x (a (128, 576) x (576, 512) one,
-        # ~0.2-0.4 ms, did now and then)
-        x = torch.randn(512, 576, generator=gen)  # activations, quantised as served
-        w = torch.randint(-w_bound, w_bound + 1, (576, 1536), generator=gen).float()
-        w_scale = torch.full((1536,), 1e-3)
+        # 512 rows: long enough (~1-3 ms for SmolLM2's projections) that thread wake-ups and
+        # scheduling jitter cannot reorder routes that differ by 2x (128 rows, ~0.2-0.4 ms, did)
+        x = torch.randn(512, k, generator=gen)  # activations, quantised as served
+        w = torch.randint(-w_bound, w_bound + 1, (k, n), generator=gen).float()
+        w_scale = torch.full((n,), 1e-3)
         candidates = [r for r in ROUTES if runs_here(r, x_bound, w_bound)]
         best, best_seconds = None, math.inf
         for r in candidates:
@@ -174,6 +174,11 @@ def route(act_passes: int = 2, weight_passes: int = 2) -> str:
                 best, best_seconds = r, seconds
         _fastest[key] = best
     return _fastest[key]
+
+
+def chosen_routes() -> dict[tuple[int, int, int, int], str]:
+    """The routes this process has chosen so far: (act_passes, weight_passes, K, N) -> route."""
+    return dict(_fastest)
 
 
 def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
@@ -195,7 +200,7 @@ class ExactWeight:
         """w_int: (K, N) integer-valued float32, |w_int| <= int_bound(weight_passes)."""
         self.act_passes, self.weight_passes = act_passes, weight_passes
         self.x_bound, self.w_bound = int_bound(act_passes), int_bound(weight_passes)
-        self.route = chosen or (route(act_passes, weight_passes) if not w_int.is_cuda else "int_mm")
+        self.route = chosen or (route(act_passes, weight_passes, tuple(w_int.shape)) if not w_int.is_cuda else "int_mm")
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {self.route!r}")
         if self.route == "vnni8" and not exact_gemm.fits8(self.x_bound, self.w_bound, w_int.shape[0]):
@@ -203,9 +208,11 @@ class ExactWeight:
         if self.route == "int16" and not exact_gemm.fits(self.x_bound, self.w_bound):
             self.route = "float"  # three activation passes: integers beyond int16
         self.digits = None  # (K, N) int8 each, most significant first: int_mm and the Triton-lang kernel
-        self.int16 = self.vnni8 = self.fp32_chunks = self.fp64 = None
+        self.int16 = self.vnni8 = self.onednn = self.fp32_chunks = self.fp64 = None
         if self.route == "int_mm":
             self.digits = int8_passes(w_int, weight_passes)
+            if not w_int.is_cuda and exact_gemm.load() is not None:  # quantiser and epilogue fused
+                self.onednn = exact_gemm.DigitWeight(self.digits, act_passes)
         elif self.route == "int16":
             self.int16 = exact_gemm.PackedWeight(w_int, self.w_bound)
         elif self.route == "vnni8":
@@ -217,8 +224,9 @@ class ExactWeight:
 
     @property
     def fused(self):
-        """The packed weight of a kernel that also quantises and dequantises (int16 or vnni8), or None."""
-        return self.int16 if self.int16 is not None else self.vnni8
+        """The weight of a kernel that also quantises and dequantises (int16, vnni8 or int_mm with the
+        kernel library's quantiser and epilogue), or None."""
+        return next((w for w in (self.int16, self.vnni8, self.onednn) if w is not None), None)
 
     def int8_digits(self) -> list[torch.Tensor]:
         """W's int8 passes (the Triton-lang kernel's operands), made from this route's copy on first use."""

@@ -217,24 +217,31 @@ inline void by_row_block(int m, int row_block, int panels, Compute compute) {
 template <typename T>
 constexpr int zero_point() { return sizeof(T) == 1 ? 128 : 0; }
 
+// A row's scale, quant.py's symmetric_scale: amax / bound, 1 for an all-zero row (max is exact in
+// any order, so the lanes' order changes nothing).
+inline float row_scale(const float* row, int k, int bound) {
+  __m256 vmax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  int j = 0;
+  for (; j + 8 <= k; j += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + j)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = 0.0f;
+  for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
+  for (; j < k; ++j) amax = __builtin_fabsf(row[j]) > amax ? __builtin_fabsf(row[j]) : amax;
+  return amax > 0.0f ? amax / (float)bound : 1.0f;
+}
+
 template <typename T>
 void quantize_rows(const float* x, int m, int k, int bound, T* q, int ldq, float* scale, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int r = 0; r < m; ++r) {
     const float* row = x + (long)r * k;
     T* out = q + (long)r * ldq;
-    __m256 vmax = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    int j = 0;
-    for (; j + 8 <= k; j += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + j)));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vmax);
-    float amax = 0.0f;
-    for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
-    for (; j < k; ++j) amax = __builtin_fabsf(row[j]) > amax ? __builtin_fabsf(row[j]) : amax;
-    const float s = amax > 0.0f ? amax / (float)bound : 1.0f;
+    const float s = row_scale(row, k, bound);
     scale[r] = s;
     const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps((float)bound), lo = _mm256_set1_ps(-(float)bound);
+    int j;
     for (j = 0; j + 8 <= k; j += 8) {
       __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
@@ -247,6 +254,18 @@ void quantize_rows(const float* x, int m, int k, int bound, T* q, int ldq, float
     }
     for (; j < ldq; ++j) out[j] = (T)zero_point<T>();
   }
+}
+
+// ---- base-128 digits for an int8 x int8 -> int32 GEMM (torch._int_mm: oneDNN, AMX tiles where the
+// CPU has them) ----
+// Integers of P passes are X = sum_i 128^(P-1-i) x_i (quant.py's int8_passes): the product X @ W of
+// P- and Q-pass integers is sum_ij 128^(P-1-i + Q-1-j) (x_i @ w_j), every x_i @ w_j an exact int32
+// GEMM. The quantiser below writes the digits x_i straight from float32 rows, the combiner sums the
+// P * Q int32 products in int64 (exact: below 2^53) and applies the kernels' epilogue.
+inline void store_digits(int8_t* out, __m256 v) {  // |v| <= 127: neither pack saturates
+  const __m256i i32 = _mm256_cvtps_epi32(v);
+  const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(i16, i16));
 }
 
 }  // namespace
@@ -346,6 +365,68 @@ void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
             row[j] = a + c;
             row[j + h] = a - c;
           }
+  }
+}
+
+// Per-row symmetric quantisation (prism_quantize_rows' integers and scales) split into `passes` base-128
+// digits: q (passes, m, k) int8, most significant first, digit t of row r at q[(t * m + r) * k]. The
+// split is quant.py's int8_passes, operation for operation: d = round_half_even(rest / 128^i),
+// rest = rest - d * 128^i (exact in float32: divisions by powers of two, integers below 2^24).
+void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int passes, int8_t* q, float* scale,
+                                int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) {
+    const float* row = x + (long)r * k;
+    const float s = row_scale(row, k, bound);
+    scale[r] = s;
+    const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps((float)bound), lo = _mm256_set1_ps(-(float)bound);
+    int j = 0;
+    for (; j + 8 <= k; j += 8) {
+      __m256 rest = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      rest = _mm256_min_ps(_mm256_max_ps(rest, lo), hi);
+      for (int t = 0; t < passes; ++t) {
+        const __m256 p = _mm256_set1_ps((float)(1 << (7 * (passes - 1 - t))));
+        const __m256 d = _mm256_round_ps(_mm256_div_ps(rest, p), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        store_digits(q + ((long)t * m + r) * k + j, d);
+        rest = _mm256_sub_ps(rest, _mm256_mul_ps(d, p));
+      }
+    }
+    for (; j < k; ++j) {
+      float rest = __builtin_nearbyintf(row[j] / s);
+      rest = rest < -(float)bound ? -(float)bound : (rest > (float)bound ? (float)bound : rest);
+      for (int t = 0; t < passes; ++t) {
+        const float p = (float)(1 << (7 * (passes - 1 - t)));
+        const float d = __builtin_nearbyintf(rest / p);
+        q[((long)t * m + r) * k + j] = (int8_t)d;
+        rest = rest - d * p;
+      }
+    }
+  }
+}
+
+// The digits' products combined: acc[j] (j < wpasses) is (apasses * m, n) int32, row block i the
+// product of X's digit i with W's digit j (both most significant first). out[r][c] = sum_ij
+// 128^(apasses-1-i + wpasses-1-j) acc[j][i * m + r][c], summed in int64 (exact), then raw float64 or
+// the kernels' dequantising epilogue (store_row: the same bits as quant.py's torch epilogue).
+void prism_combine_digits(const int32_t* const* acc, int m, int n, int apasses, int wpasses, const float* x_scale,
+                          const float* w_scale, const float* bias, void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, out, n};
+  constexpr int CHUNK = 64;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) {
+    alignas(32) double c[CHUNK];
+    for (int col = 0; col < n; col += CHUNK) {
+      const int ncols = n - col < CHUNK ? n - col : CHUNK;
+      int64_t sum[CHUNK] = {};
+      for (int j = 0; j < wpasses; ++j)
+        for (int i = 0; i < apasses; ++i) {
+          const int64_t weight = int64_t(1) << (7 * (apasses - 1 - i + wpasses - 1 - j));
+          const int32_t* part = acc[j] + ((long)i * m + r) * n + col;
+          for (int t = 0; t < ncols; ++t) sum[t] += weight * part[t];
+        }
+      for (int t = 0; t < ncols; ++t) c[t] = (double)sum[t];
+      store_row(c, r, col, ncols, e);
+    }
   }
 }
 
