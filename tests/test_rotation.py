@@ -81,7 +81,8 @@ def test_online_hadamard_is_batch_and_thread_invariant():
 
 
 @needs("avx2")
-@pytest.mark.parametrize("shape,block", [((301, 1536), 128), ((5, 96), 32), ((1, 256), 2)])
+@pytest.mark.parametrize("shape,block", [((301, 1536), 128), ((5, 96), 32), ((1, 256), 2), ((2, 12), 4), ((3, 64), 8),
+                                         ((7, 48), 16)])
 def test_the_kernel_butterfly_equals_the_torch_one(shape, block):
     """online_down's CPU kernel (kernels/cpu/csrc/exact_gemm.cpp) and hadamard.transform: the same bits."""
     from kernels.cpu import exact_gemm

@@ -349,24 +349,57 @@ void prism_quantize_rows_u8(const float* x, int m, int k, int bound, uint8_t* q,
   quantize_rows(x, m, k, bound, q, ldq, scale, threads);
 }
 
+}  // extern "C"
+
 // In-place Walsh-Hadamard transform of each row of x (m, k) in blocks of `block` (a power of two,
 // dividing k): x -> x H_block per block, unnormalised. Butterfly stages from the widest stride
 // (block / 2) to 1, each pair (a, b) -> (a + b, a - b): the operations, in the order, of
 // prism_backend/model/hadamard.transform, so the bits equal torch's whatever the vector width.
-void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
+// Strides of 8 and more run on 8 pairs per instruction; the last three stages (strides 4, 2, 1)
+// inside each register of 8 consecutive elements (hadamard_last3), with the same sums and
+// differences: a + b = b + a exactly, and each difference is taken in the butterfly's order.
+namespace {
+inline __m256 hadamard_last3(__m256 v) {
+  __m256 s = _mm256_permute2f128_ps(v, v, 1);                         // stride 4: s = v's halves swapped
+  v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xF0);  // lanes 0-3: a + b, 4-7: a - b
+  s = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));                    // stride 2
+  v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xCC);
+  s = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));                    // stride 1
+  return _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
+}
+
+inline void butterfly(float* row, int b0, int block, int h) {
+  for (int i = b0; i < b0 + block; i += 2 * h)
+    for (int j = i; j < i + h; ++j) {
+      const float a = row[j], c = row[j + h];
+      row[j] = a + c;
+      row[j + h] = a - c;
+    }
+}
+}  // namespace
+
+extern "C" void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int r = 0; r < m; ++r) {
     float* row = x + static_cast<int64_t>(r) * k;
-    for (int b0 = 0; b0 < k; b0 += block)
-      for (int h = block / 2; h >= 1; h /= 2)
+    for (int b0 = 0; b0 < k; b0 += block) {
+      int h = block / 2;
+      for (; h >= 8; h /= 2)
         for (int i = b0; i < b0 + block; i += 2 * h)
-          for (int j = i; j < i + h; ++j) {
-            const float a = row[j], c = row[j + h];
-            row[j] = a + c;
-            row[j + h] = a - c;
+          for (int j = i; j < i + h; j += 8) {
+            const __m256 a = _mm256_loadu_ps(row + j), c = _mm256_loadu_ps(row + j + h);
+            _mm256_storeu_ps(row + j, _mm256_add_ps(a, c));
+            _mm256_storeu_ps(row + j + h, _mm256_sub_ps(a, c));
           }
+      if (h == 4)  // a block of 8 or more: its last three stages in registers
+        for (int i = b0; i < b0 + block; i += 8) _mm256_storeu_ps(row + i, hadamard_last3(_mm256_loadu_ps(row + i)));
+      else
+        for (; h >= 1; h /= 2) butterfly(row, b0, block, h);  // blocks of 2 or 4
+    }
   }
 }
+
+extern "C" {
 
 // Per-row symmetric quantisation (prism_quantize_rows' integers and scales) split into `passes` base-128
 // digits: q (passes, m, k) int8, most significant first, digit t of row r at q[(t * m + r) * k]. The
@@ -406,8 +439,10 @@ void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int pas
 
 // The digits' products combined: acc[j] (j < wpasses) is (apasses * m, n) int32, row block i the
 // product of X's digit i with W's digit j (both most significant first). out[r][c] = sum_ij
-// 128^(apasses-1-i + wpasses-1-j) acc[j][i * m + r][c], summed in int64 (exact), then raw float64 or
-// the kernels' dequantising epilogue (store_row: the same bits as quant.py's torch epilogue).
+// 128^(apasses-1-i + wpasses-1-j) acc[j][i * m + r][c], then raw float64 or the kernels' dequantising
+// epilogue (store_row: the same bits as quant.py's torch epilogue). The sum runs in float64 and is
+// exact: every term is an int32 times a power of two below 2^21 (exact), every partial sum an
+// integer below 2^53 -- so no order, vector width or contraction can change it.
 void prism_combine_digits(const int32_t* const* acc, int m, int n, int apasses, int wpasses, const float* x_scale,
                           const float* w_scale, const float* bias, void* out, int threads) {
   const Epilogue e{x_scale, w_scale, bias, out, n};
@@ -417,14 +452,19 @@ void prism_combine_digits(const int32_t* const* acc, int m, int n, int apasses, 
     alignas(32) double c[CHUNK];
     for (int col = 0; col < n; col += CHUNK) {
       const int ncols = n - col < CHUNK ? n - col : CHUNK;
-      int64_t sum[CHUNK] = {};
+      for (int t = 0; t < ncols; ++t) c[t] = 0.0;
       for (int j = 0; j < wpasses; ++j)
         for (int i = 0; i < apasses; ++i) {
-          const int64_t weight = int64_t(1) << (7 * (apasses - 1 - i + wpasses - 1 - j));
+          const double weight = (double)(int64_t(1) << (7 * (apasses - 1 - i + wpasses - 1 - j)));
+          const __m256d vw = _mm256_set1_pd(weight);
           const int32_t* part = acc[j] + ((long)i * m + r) * n + col;
-          for (int t = 0; t < ncols; ++t) sum[t] += weight * part[t];
+          int t = 0;
+          for (; t + 4 <= ncols; t += 4) {
+            const __m256d v = _mm256_cvtepi32_pd(_mm_loadu_si128(reinterpret_cast<const __m128i*>(part + t)));
+            _mm256_store_pd(c + t, _mm256_add_pd(_mm256_load_pd(c + t), _mm256_mul_pd(v, vw)));
+          }
+          for (; t < ncols; ++t) c[t] += (double)part[t] * weight;
         }
-      for (int t = 0; t < ncols; ++t) c[t] = (double)sum[t];
       store_row(c, r, col, ncols, e);
     }
   }

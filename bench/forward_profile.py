@@ -1,0 +1,114 @@
+"""Where one forward's milliseconds go, on workloads (a) and (b), for each precision asked for.
+
+    .venv/bin/python bench/forward_profile.py [--precision int8 exact fp32] [--repeats 5]
+
+Each step of the decoder (prism_backend/model/transformer.py) is wrapped with a wall-clock timer:
+every projection by name (its quantisation, integer product and epilogue included: the kernels fuse
+them), attention, RMSNorm, rotary embedding, SwiGLU, the online Hadamard before down_proj, the K/V
+concatenation; "forest, scoring, rest" is the time of `decide_many` outside the decoder's steps
+(tokenising, the forest, the embedding lookup, the residual adds, candidate scoring, Python). The
+steps run synchronously on the CPU, so their times add up to the forward's. 2 threads, prefix cache
+off, one warm-up, then the median of `--repeats` runs per step. Writes bench/results/forward_profile.md.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+from workloads import WORKLOADS, write_result
+
+import prism_backend.model.transformer as transformer
+from kernels.cpu.features import machine
+from prism_backend.config import EngineConfig
+from prism_backend.model.exact_matmul import chosen_routes
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH
+from prism_backend.serving.pipeline import DecisionPipeline
+
+PROJECTIONS = ("qkv", "q", "kv", "o", "gate_up", "down")
+STEPS = ("rms_norm", "apply_rotary", "swiglu", "online_down", "_extend")  # module-level functions of transformer.py
+totals: dict[str, float] = defaultdict(float)  # step -> seconds in the current run
+
+
+def timed(name: str, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - start
+    return wrapper
+
+
+def instrument(pipeline: DecisionPipeline) -> None:
+    """Wrap this pipeline's projections and attention, and transformer.py's step functions."""
+    for p in pipeline.engine.model.proj:
+        for name in PROJECTIONS:
+            if getattr(p, name) is not None:
+                setattr(p, name, timed(f"projection {name}", getattr(p, name)))
+
+
+def instrument_module() -> None:
+    for name in STEPS:
+        setattr(transformer, name, timed(name.strip("_"), getattr(transformer, name)))
+    attention = transformer.ForestAttention
+    attention.rows = timed("attention", attention.rows)
+    attention.answers = timed("attention", attention.answers)
+
+
+def profile(pipeline: DecisionPipeline, requests, repeats: int) -> dict[str, float]:
+    """step -> median ms over `repeats` runs (after a warm-up), and 'total'."""
+    pipeline.decide_many(requests)
+    runs = []
+    for _ in range(repeats):
+        totals.clear()
+        start = time.perf_counter()
+        pipeline.decide_many(requests)
+        run = dict(totals)
+        run["total"] = time.perf_counter() - start
+        runs.append(run)
+    steps = {k for run in runs for k in run}
+    ms = {k: 1000 * statistics.median(run.get(k, 0.0) for run in runs) for k in steps}
+    ms["forest, scoring, rest"] = ms["total"] - sum(v for k, v in ms.items() if k != "total")
+    return ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--precision", nargs="+", default=["int8", "exact", "fp32"])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    instrument_module()
+    results = {}
+    for precision in args.precision:
+        config = EngineConfig(model_dir=DEFAULT_MODEL_DIR, precision=precision, prefix_cache_bytes=0, num_threads=2)
+        pipeline = DecisionPipeline(config, REGISTRY_PATH)
+        instrument(pipeline)
+        for workload, make in WORKLOADS.items():
+            results[(precision, workload)] = profile(pipeline, make(), args.repeats)
+        pipeline.engine.close()
+    columns = list(results)
+    steps = sorted({k for r in results.values() for k in r} - {"total"},
+                   key=lambda k: -max(r.get(k, 0.0) for r in results.values()))
+    routes = ", ".join(f"{p}+{q} {k}x{n} `{r}`" for (p, q, k, n), r in sorted(chosen_routes().items())) or "none"
+    lines = ["# Where one forward's time goes", "",
+             f"`.venv/bin/python bench/forward_profile.py --precision {' '.join(args.precision)} --repeats "
+             f"{args.repeats}`, {time.strftime('%Y-%m-%d')}, on {machine()}, 2 threads, prefix cache off; ms, median "
+             f"of {args.repeats} runs per step (int8 is the default plan: down kept exact). Exact-product routes "
+             f"chosen (passes, K x N): {routes}.", "",
+             "| step | " + " | ".join(f"{p} {w.split(':')[0]}" for p, w in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for step in steps + ["total"]:
+        cells = []
+        for column in columns:
+            value, total = results[column].get(step, 0.0), results[column]["total"]
+            cells.append(f"{value:.0f}" + ("" if step == "total" else f" ({100 * value / total:.0f}%)"))
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    write_result("forward_profile.md", lines)
+
+
+if __name__ == "__main__":
+    main()
