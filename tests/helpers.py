@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu.features import cpu_kind, has_avx2, has_avx512_vnni
+from kernels.cpu.features import cpu_kind, has_amx_int8, has_avx2, has_avx512_vnni
 from prism_backend.paths import REGISTRY_PATH as REGISTRY, REPO_ROOT  # noqa: F401 (for the tests)
 from prism_backend.processes import free_port  # noqa: F401 (for the tests)
 from prism_launcher.server import python_stubs, stop_with_parent
@@ -30,7 +30,8 @@ SAMPLE_TICKET = (REPO_ROOT / "samples" / "ticket.txt").read_text(encoding="utf-8
 TINY_ARCHS = ("llama3", "llama_tied", "mistral", "qwen2", "qwen3")  # conftest's tiny_model_dir builds each
 
 ISA_SKIP = "this CPU lacks"
-_NEEDS = {"avx2": (has_avx2, "AVX2 + FMA"), "avx512_vnni": (has_avx512_vnni, "AVX-512 VNNI")}
+_NEEDS = {"avx2": (has_avx2, "AVX2 + FMA"), "avx512_vnni": (has_avx512_vnni, "AVX-512 VNNI"),
+          "amx_int8": (has_amx_int8, "AMX int8 tiles")}
 
 
 def isa_reason(isa: str) -> str:
@@ -38,7 +39,7 @@ def isa_reason(isa: str) -> str:
 
 
 def needs(isa: str):
-    """A mark: skip unless this CPU has `isa` ('avx2' or 'avx512_vnni')."""
+    """A mark: skip unless this CPU has `isa` ('avx2', 'avx512_vnni' or 'amx_int8')."""
     has, _ = _NEEDS[isa]
     return pytest.mark.skipif(not has(), reason=isa_reason(isa))
 
@@ -50,7 +51,9 @@ def skip_unless_route_available(route: str) -> None:
 
     if route == "vnni8" and not exact_gemm.vnni8_available():
         pytest.skip(isa_reason("avx512_vnni"))
-    if route in ("int16", "vnni8") and exact_gemm.load() is None:
+    if route == "amx8" and not has_amx_int8():
+        pytest.skip(isa_reason("amx_int8"))
+    if route in ("int16", "vnni8", "amx8") and exact_gemm.load() is None:
         pytest.skip(isa_reason("avx2") if not has_avx2() else f"the kernel library: {exact_gemm.why_not()}")
 
 

@@ -69,8 +69,8 @@ def test_int_mm_is_exact_and_row_invariant():
 
 PASS_CASES = [(1, 1, 0.02), (2, 1, 0.008), (1, 2, 0.02), (2, 2, 8e-4), (3, 2, 4e-4)]
 # every route for every pass count; the 8-bit kernel only where it applies (one pass a side)
-ROUTE_CASES = [(*case, route) for case in PASS_CASES for route in ("int_mm", "int16", "vnni8", "float")
-               if route != "vnni8" or case[:2] == (1, 1)]
+ROUTE_CASES = [(*case, route) for case in PASS_CASES for route in ("int_mm", "int16", "vnni8", "amx8", "float")
+               if route not in ("vnni8", "amx8") or case[:2] == (1, 1)]
 
 
 @pytest.mark.parametrize("passes, weight_passes, bound, route", ROUTE_CASES)
@@ -143,8 +143,8 @@ def test_thread_count_check_compares_configured_with_one_thread():
 
 @pytest.mark.parametrize("k", [576, 1040, 1041, 1536, 4100])
 @pytest.mark.parametrize("act_passes, weight_passes, route",
-                         [(*p, r) for p in [(1, 1), (2, 2), (3, 2)] for r in ("int_mm", "int16", "vnni8", "float")
-                          if r != "vnni8" or p == (1, 1)])
+                         [(*p, r) for p in [(1, 1), (2, 2), (3, 2)] for r in ("int_mm", "int16", "vnni8", "amx8", "float")
+                          if r not in ("vnni8", "amx8") or p == (1, 1)])
 def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes, route):
     """torch._int_mm on the int8 passes, the int16 and 8-bit kernels and the float GEMMs
     (exact_matmul.py) give the int64 matmul's values, also at the extreme where every product is the
@@ -184,20 +184,22 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
         return lambda fn, repeats=5, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
 
-    has_int16, has_vnni8 = exact_gemm.load() is not None, exact_gemm.vnni8_available()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "float": 3.0}))
+    has_int16, has_vnni8, has_amx8 = exact_gemm.load() is not None, exact_gemm.vnni8_available(), exact_gemm.amx8_available()
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "amx8": 0.7, "float": 3.0}))
     assert exact_matmul.route(2, 2) == "int_mm"  # the 8-bit kernel is no candidate for two passes
     assert set(timed) == ({"int_mm", "int16", "float"} if has_int16 else {"int_mm", "float"})
     timed.clear()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 0.5, "float": 2.0}))
-    assert exact_matmul.route(2, 2) == "int_mm"  # chosen once per process and pass count
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 0.5, "amx8": 0.7, "float": 2.0}))
+    assert exact_matmul.route(2, 2) == "int_mm"  # chosen once per process, pass counts and shape
     assert exact_matmul.route(3, 2) == "float" and "int16" not in timed  # 3 passes do not fit int16
     assert exact_matmul.route(1, 1) == ("vnni8" if has_vnni8 else "int16" if has_int16 else "float")
     assert ("vnni8" in timed) == has_vnni8  # a candidate for one pass a side where the CPU runs it
+    assert ("amx8" in timed) == has_amx8  # likewise the AMX variant
     exact_matmul._fastest.clear()
     timed.clear()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 1.5, "float": 2.0}))
-    assert exact_matmul.route(1, 1) == ("int16" if has_int16 else "float")  # a slower 8-bit kernel is not kept
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 1.5, "amx8": 0.4, "float": 2.0}))
+    assert exact_matmul.route(1, 1) == ("amx8" if has_amx8 else "int16" if has_int16 else "float")  # a slower 8-bit kernel is not kept
+    assert exact_matmul.route(1, 1, (1536, 576)) == exact_matmul.route(1, 1) and len(exact_matmul.chosen_routes()) == 2  # per shape
     monkeypatch.setenv("PRISM_EXACT_ROUTE", "float")
     monkeypatch.setattr(exact_matmul, "_route", None)
     assert exact_matmul.route(1, 1) == "float"  # forced for every pass count

@@ -340,3 +340,55 @@ def test_digit_epilogue_rows_and_threads(m, passes, bias):
     for threads in (1, 2, 3, 4):
         with torch_threads(threads):
             assert torch.equal(weight.matmul(x[:m], bound, x_scale[:m], w_scale, b), full[:m]), threads
+
+
+# ---- the 8-bit kernel on AMX tiles (Intel Xeons with AMX int8) ------------------------------------
+needs_amx = needs("amx_int8")
+
+
+def test_the_amx_kernel_is_a_route_exactly_where_the_cpu_runs_it():
+    from prism_backend.model import exact_matmul
+
+    here = exact_gemm.has_amx_int8()
+    assert exact_gemm.amx8_available() == here  # where the CPU has the tiles, Linux grants them
+    assert exact_matmul.runs_here("amx8", 127, 127) == here
+    assert not exact_matmul.runs_here("amx8", int_bound(2), 127)
+    if here:  # a forced 8-bit route for two passes takes the next exact kernel
+        assert exact_matmul.ExactWeight(torch.zeros(8, 3), 2, 2, "amx8").route == "int16"
+        assert exact_matmul.ExactWeight(torch.zeros(8, 3), 1, 1, "amx8").route == "amx8"
+
+
+@needs_amx
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (16, 64, 32), (17, 2, 33), (33, 1536, 192),
+                                     (37, 1100, 1537), (13, 31, 3)])
+def test_amx_kernel_exact_at_the_bounds(m, k, n):
+    """Tails of every kind: rows not a multiple of 16 (or of the 32 of a double tile), K not a
+    multiple of 64, N not a multiple of the 32-column panel."""
+    x, w = extreme_integers(m, k, n, 127, 127, seed=m * k + n)
+    got = PackedWeight8(w, amx=True).matmul(x, 127)
+    assert got.dtype == torch.float64 and torch.equal(got, x.double() @ w.double())
+    assert got[0, 0] == k * 127 * 127
+
+
+@needs_amx
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("m", [1, 15, 16, 33, 760])
+def test_amx_kernel_gives_the_vnni_kernels_bits_whatever_the_rows_and_threads(m, bias):
+    """Quantised operand, fused epilogue and all: the AMX variant's output is the VNNI kernel's (so
+    the torch epilogue's, tested above), and neither the rows in the call nor the thread count
+    changes a bit."""
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(760, 1537, generator=gen) * torch.linspace(0.1, 9, 1537)
+    _, w = extreme_integers(3, 1537, 577, 127, 127, seed=m)
+    w_scale = torch.rand(577, generator=gen) * 1e-3
+    b = torch.randn(577, generator=gen) if bias else None
+    amx, vnni = PackedWeight8(w, amx=True), PackedWeight8(w)
+    with torch_threads(1):
+        (q_amx, scale), (q_vnni, vnni_scale) = amx.quantize(x, 127), vnni.quantize(x, 127)
+        assert torch.equal(scale, vnni_scale) and torch.equal(q_amx[:, : q_vnni.shape[1]], q_vnni)
+        full = amx.matmul(q_amx, 127, scale, w_scale, b)
+        assert torch.equal(full, vnni.matmul(q_vnni, 127, scale, w_scale, b))
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            q, scale = amx.quantize(x[:m], 127)
+            assert q.shape[0] == m and torch.equal(amx.matmul(q, 127, scale, w_scale, b), full[:m]), threads

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.features import has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
+from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_gemm.cpp"
 PACKAGE_LIB = Path(__file__).parent / "lib"  # kernels/cpu/lib: where an export puts the built library
@@ -108,6 +108,10 @@ def load():
         lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                              ctypes.c_int]
+        lib.prism_amx8_gemm.restype = None
+        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes
+        lib.prism_amx_init.restype = ctypes.c_int
+        lib.prism_amx_init.argtypes = []
         lib.prism_hadamard_rows.restype = None
         lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         _lib = lib
@@ -243,17 +247,36 @@ def vnni8_available() -> bool:
     return has_avx512_vnni() and load() is not None
 
 
+_amx_error: int | None = None  # prism_amx_init's answer, asked once per process
+
+
+def amx8_available() -> bool:
+    """Whether the 8-bit kernel's AMX variant runs here: a CPU with AMX int8 tiles, the library, and
+    Linux's permission for this process to use the tiles (arch_prctl, asked once)."""
+    global _amx_error
+    if not (has_amx_int8() and load() is not None):
+        return False
+    if _amx_error is None:
+        _amx_error = _library().prism_amx_init()
+    return _amx_error == 0
+
+
+AMX_K, AMX_ROWS = 64, 16  # an AMX tile multiplies 16 rows by 64 k at a time: the operands are padded to them
+
+
 class PackedWeight8:
     """An 8-bit integer weight W (K, N), |W| <= 127, packed for the AVX-512 VNNI kernel: panels of 32
-    columns, each k-quad of a column adjacent (vpdpbusd's 4 bytes per int32 lane)."""
+    columns, each k-quad of a column adjacent (vpdpbusd's 4 bytes per int32 lane). With `amx`, for
+    the same kernel on AMX tiles (the same layout, K padded to a multiple of 64)."""
 
-    def __init__(self, w_int: torch.Tensor):
+    def __init__(self, w_int: torch.Tensor, amx: bool = False):
         """w_int: (K, N) integer-valued tensor, |w_int| <= 127, K <= VNNI_MAX_K."""
         k, n = w_int.shape
         if not fits8(127, 127, k):
             raise ValueError(f"K = {k} is beyond the 8-bit kernel's int32 bound ({VNNI_MAX_K})")
-        self.k, self.n = k, n
-        self.kquads, panels = -(-k // 4), -(-n // VNNI_PANEL)
+        self.k, self.n, self.amx = k, n, amx
+        k_multiple = AMX_K if amx else 4
+        self.kquads, panels = -(-k // k_multiple) * k_multiple // 4, -(-n // VNNI_PANEL)
         padded = torch.zeros(4 * self.kquads, panels * VNNI_PANEL, dtype=torch.int8)
         padded[:k, :n] = w_int.to(torch.int8)
         # (4*kquads, panels*32) -> (panels, kquads, 32, 4): the four k of a column's int32 lane are adjacent
@@ -271,7 +294,20 @@ class PackedWeight8:
         and the row scales (M, 1) float32: quant.py's symmetric rounding, same integers and scales."""
         if x_bound > 127:
             raise ValueError(f"the 8-bit kernel takes integers up to 127, not {x_bound}")
-        return _quantize_rows(_library().prism_quantize_rows_u8, x, self.k, x_bound, 4 * self.kquads, torch.uint8)
+        q, scale = _quantize_rows(_library().prism_quantize_rows_u8, x, self.k, x_bound, 4 * self.kquads, torch.uint8)
+        return (self._padded_rows(q), scale) if self.amx else (q, scale)
+
+    @staticmethod
+    def _padded_rows(xu: torch.Tensor) -> torch.Tensor:
+        """The AMX kernel reads whole tiles of 16 rows: xu (M, width) as a view of the first M rows of
+        a buffer whose rows up to a multiple of 16 hold 128 (zeros); xu itself where it already is one."""
+        m, width = xu.shape
+        rows = -(-m // AMX_ROWS) * AMX_ROWS
+        if xu.is_contiguous() and xu.storage_offset() == 0 and xu.untyped_storage().nbytes() >= rows * width:
+            return xu
+        padded = torch.full((rows, width), VNNI_ZERO_POINT, dtype=torch.uint8)
+        padded[:m] = xu
+        return padded[:m]
 
     def matmul(self, x_int: torch.Tensor, x_bound: int = 127, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -289,10 +325,15 @@ class PackedWeight8:
         else:
             xu = torch.full((m, 4 * self.kquads), VNNI_ZERO_POINT, dtype=torch.uint8)
             xu[:, : self.k] = (x_int.to(torch.int16) + VNNI_ZERO_POINT).to(torch.uint8)
-        xu = xu.contiguous()
+        xu = self._padded_rows(xu) if self.amx else xu.contiguous()
+        kernel = lib.prism_vnni8_gemm
+        if self.amx:
+            if not amx8_available():
+                raise RuntimeError("the 8-bit kernel's AMX variant needs a CPU with AMX int8 tiles")
+            kernel = lib.prism_amx8_gemm
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
-        lib.prism_vnni8_gemm(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
-                             *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
+        kernel(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
+               *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
         return out
 
 

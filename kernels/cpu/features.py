@@ -55,7 +55,7 @@ def cpu_flags() -> frozenset[str] | None:
         return None
     flags = frozenset(line.split())
     if _isa_cap() == "avx2":
-        flags = frozenset(f for f in flags if not f.startswith("avx512"))
+        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
     return flags
 
 
@@ -75,10 +75,16 @@ def has_avx512_vnni() -> bool:
     return flags is not None and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
 
 
+def has_amx_int8() -> bool:
+    """Whether this CPU has Intel's AMX tiles with int8 products (the 8-bit kernel's AMX variant)."""
+    flags = cpu_flags()
+    return flags is not None and {"amx_tile", "amx_int8"} <= flags and has_avx512_vnni()
+
+
 def cpu_kind() -> str:
     """The machine kind in words, as results and test runs report it: 'AVX-512 VNNI + BF16' (with
     ' + AMX' where the CPU has Intel's matrix tiles, which oneDNN -- so torch's and vLLM's bf16 --
-    uses and Prism's kernels do not), 'AVX-512 VNNI', 'AVX2' or 'other', with ' (forced)' where
+    and Prism's 8-bit kernel use), 'AVX-512 VNNI', 'AVX2' or 'other', with ' (forced)' where
     PRISM_CPU_ISA caps it."""
     flags = cpu_flags() or frozenset()
     if has_avx512_vnni():

@@ -25,7 +25,10 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -467,6 +470,106 @@ void prism_combine_digits(const int32_t* const* acc, int m, int n, int apasses, 
         }
       store_row(c, r, col, ncols, e);
     }
+  }
+}
+
+}  // extern "C"
+
+// ---- 8-bit x 8-bit on Intel AMX tiles (one activation pass, one weight pass) ----
+// The operands of prism_vnni8_gemm (activations + 128 as uint8, the packed int8 panels, the zero
+// point's column sums), multiplied by tdpbusd: a 16 x 64 tile of uint8 rows times a 16 x 64 tile of
+// k-quads (16 columns x 4 bytes, vpdpbusd's layout, so a 32-column panel row of 128 bytes holds two
+// B tiles side by side) into a 16 x 16 int32 tile, 16 * 16 * 64 products per instruction. Exact for
+// the same reason as the VNNI kernel (int32 sums that cannot overflow for K < 66,000), so it gives
+// the same integers and, through store_row, the same bits. The caller pads K to a multiple of 64
+// (padding: activations 128, weights 0) and the activation rows to a multiple of 16 (rows of 128,
+// computed and never stored). Linux hands out the tile registers only on request (prism_amx_init).
+#define PRISM_AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,amx-tile,amx-int8")))
+namespace {
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Rows row..row+16*RT-1 x the 32 columns of one panel, K in steps of 64: tiles 0-3 accumulate
+// (C[rt][ct] = tile 2 rt + ct), 4-5 hold A, 6-7 hold B.
+template <int RT>
+PRISM_AMX inline void amx_tile(const uint8_t* x, long ldx, int kquads, const int8_t* panel, const int32_t* corr,
+                               int row, int m, int col, int ncols, const Epilogue& e) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (RT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int kq = 0; kq < kquads; kq += 16) {
+    _tile_loadd(6, panel + (long)kq * 4 * NR8, 4 * NR8);
+    _tile_loadd(7, panel + (long)kq * 4 * NR8 + 64, 4 * NR8);
+    _tile_loadd(4, x + (long)row * ldx + 4 * kq, ldx);
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    if (RT == 2) {
+      _tile_loadd(5, x + (long)(row + 16) * ldx + 4 * kq, ldx);
+      _tile_dpbusd(2, 5, 6);
+      _tile_dpbusd(3, 5, 7);
+    }
+  }
+  alignas(64) int32_t c[2][16][NR8];  // [row tile][row][column of the panel]
+  _tile_stored(0, &c[0][0][0], NR8 * 4);
+  _tile_stored(1, &c[0][0][16], NR8 * 4);
+  if (RT == 2) {
+    _tile_stored(2, &c[1][0][0], NR8 * 4);
+    _tile_stored(3, &c[1][0][16], NR8 * 4);
+  }
+  alignas(64) double sums[NR8];
+  for (int rt = 0; rt < RT; ++rt)
+    for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512i sum = _mm512_sub_epi32(_mm512_load_si512(&c[rt][r][16 * h]), _mm512_loadu_si512(corr + col + 16 * h));
+        _mm512_store_pd(sums + 16 * h, _mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)));
+        _mm512_store_pd(sums + 16 * h + 8, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)));
+      }
+      store_row(sums, row + 16 * rt + r, col, ncols, e);
+    }
+}
+}  // namespace
+
+extern "C" {
+
+// 0 when this process may use the AMX tile registers (asked of Linux once), else an error number.
+int prism_amx_init() {
+  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : errno;
+}
+
+// prism_vnni8_gemm's contract on AMX tiles: x (ceil(m/16)*16, 4*kquads) uint8, kquads a multiple of 16.
+// Rows in L2-sized blocks and panels shared among the threads as in the other kernels; every thread
+// loads the tile configuration and releases the tiles after. Call only after prism_amx_init() == 0.
+PRISM_AMX void prism_amx8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
+                               const float* x_scale, const float* w_scale, const float* bias, void* out,
+                               int threads) {
+  const Epilogue e{x_scale, w_scale, bias, out, n};
+  const int panels = (n + NR8 - 1) / NR8;
+  const long ldx = 4L * kquads;
+  const int padded_m = (m + 15) / 16 * 16;
+  const int row_block = ((256 * 1024 / (int)ldx) / 32 + 1) * 32;
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    _tile_loadconfig(&config);
+    by_row_block(padded_m, row_block, panels, [&](int p, int r0, int r1) PRISM_AMX {
+      const int8_t* panel = packed + (long)p * kquads * 4 * NR8;
+      const int col = p * NR8, ncols = n - col < NR8 ? n - col : NR8;
+      int r = r0;
+      for (; r + 32 <= r1; r += 32) amx_tile<2>(x, ldx, kquads, panel, corr, r, m, col, ncols, e);
+      if (r < r1) amx_tile<1>(x, ldx, kquads, panel, corr, r, m, col, ncols, e);
+    });
+    _tile_release();
   }
 }
 
