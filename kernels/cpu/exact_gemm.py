@@ -157,15 +157,18 @@ def fits(x_bound: int, w_bound: int) -> bool:
     return max(x_bound, w_bound) < 2**15 and 2 * x_bound * w_bound <= INT32_MAX
 
 
-def _quantize_rows(function, x: torch.Tensor, k: int, x_bound: int, width: int, dtype: torch.dtype):
+def _quantize_rows(function, x: torch.Tensor, k: int, x_bound: int, width: int, dtype: torch.dtype,
+                   row_multiple: int = 1, pad: int = 0):
     """One of the library's row quantisers on x (M, K) -> (its operand (M, width) of `dtype`, the
-    row scales (M, 1) float32)."""
+    row scales (M, 1) float32). With row_multiple > 1 the operand is a view of the first M rows of a
+    buffer whose further rows, up to a multiple of row_multiple, hold `pad` (the AMX kernel's tiles)."""
     x = x.float().contiguous()
     m = x.shape[0]
-    q = torch.empty(m, width, dtype=dtype)
+    q = torch.empty(-(-m // row_multiple) * row_multiple, width, dtype=dtype)
+    q[m:] = pad
     scale = torch.empty(m, 1, dtype=torch.float32)
     function(x.data_ptr(), m, k, x_bound, q.data_ptr(), width, scale.data_ptr(), torch.get_num_threads())
-    return q, scale
+    return q[:m], scale
 
 
 class _Epilogue:
@@ -294,8 +297,8 @@ class PackedWeight8:
         and the row scales (M, 1) float32: quant.py's symmetric rounding, same integers and scales."""
         if x_bound > 127:
             raise ValueError(f"the 8-bit kernel takes integers up to 127, not {x_bound}")
-        q, scale = _quantize_rows(_library().prism_quantize_rows_u8, x, self.k, x_bound, 4 * self.kquads, torch.uint8)
-        return (self._padded_rows(q), scale) if self.amx else (q, scale)
+        return _quantize_rows(_library().prism_quantize_rows_u8, x, self.k, x_bound, 4 * self.kquads, torch.uint8,
+                              AMX_ROWS if self.amx else 1, VNNI_ZERO_POINT)
 
     @staticmethod
     def _padded_rows(xu: torch.Tensor) -> torch.Tensor:

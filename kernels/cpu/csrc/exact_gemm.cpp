@@ -492,6 +492,27 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
+// store_row for 16 int32 sums in AVX-512 registers (the first `valid` of them, columns col..): the
+// same IEEE operations per element -- (float)((sum * x_scale[row]) * w_scale[c]) (+ bias[c]) -- 16
+// columns at a time instead of 4, without the trip through memory.
+PRISM_AMX inline void store16(__m512i sum, int row, int col, int valid, const Epilogue& e) {
+  const __mmask16 mask = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
+  const __mmask8 masks[2] = {(__mmask8)(mask & 0xFF), (__mmask8)(mask >> 8)};
+  const __m512d sums[2] = {_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)),
+                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1))};
+  const long base = (long)row * e.n + col;
+  for (int h = 0; h < 2; ++h) {
+    if (!e.x_scale) {
+      _mm512_mask_storeu_pd(static_cast<double*>(e.out) + base + 8 * h, masks[h], sums[h]);
+      continue;
+    }
+    const __m512d ws = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(masks[h], e.w_scale + col + 8 * h));
+    __m256 v = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(sums[h], _mm512_set1_pd((double)e.x_scale[row])), ws));
+    if (e.bias) v = _mm256_add_ps(v, _mm256_maskz_loadu_ps(masks[h], e.bias + col + 8 * h));
+    _mm256_mask_storeu_ps(static_cast<float*>(e.out) + base + 8 * h, masks[h], v);
+  }
+}
+
 // Rows row..row+16*RT-1 x the 32 columns of one panel, K in steps of 64: tiles 0-3 accumulate
 // (C[rt][ct] = tile 2 rt + ct), 4-5 hold A, 6-7 hold B.
 template <int RT>
@@ -522,16 +543,12 @@ PRISM_AMX inline void amx_tile(const uint8_t* x, long ldx, int kquads, const int
     _tile_stored(2, &c[1][0][0], NR8 * 4);
     _tile_stored(3, &c[1][0][16], NR8 * 4);
   }
-  alignas(64) double sums[NR8];
   for (int rt = 0; rt < RT; ++rt)
-    for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r) {
-      for (int h = 0; h < 2; ++h) {
+    for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r)
+      for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
         const __m512i sum = _mm512_sub_epi32(_mm512_load_si512(&c[rt][r][16 * h]), _mm512_loadu_si512(corr + col + 16 * h));
-        _mm512_store_pd(sums + 16 * h, _mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)));
-        _mm512_store_pd(sums + 16 * h + 8, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)));
+        store16(sum, row + 16 * rt + r, col + 16 * h, ncols - 16 * h, e);
       }
-      store_row(sums, row + 16 * rt + r, col, ncols, e);
-    }
 }
 }  // namespace
 
