@@ -51,9 +51,9 @@ def skip_unless_route_available(route: str) -> None:
 
     if route == "vnni8" and not exact_gemm.vnni8_available():
         pytest.skip(isa_reason("avx512_vnni"))
-    if route == "amx8" and not has_amx_int8():
+    if route in ("amx8", "amx_digits") and not has_amx_int8():
         pytest.skip(isa_reason("amx_int8"))
-    if route in ("int16", "vnni8", "amx8") and exact_gemm.load() is None:
+    if route in ("int16", "vnni8", "amx8", "amx_digits") and exact_gemm.load() is None:
         pytest.skip(isa_reason("avx2") if not has_avx2() else f"the kernel library: {exact_gemm.why_not()}")
 
 

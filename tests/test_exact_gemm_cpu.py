@@ -392,3 +392,50 @@ def test_amx_kernel_gives_the_vnni_kernels_bits_whatever_the_rows_and_threads(m,
         with torch_threads(threads):
             q, scale = amx.quantize(x[:m], 127)
             assert q.shape[0] == m and torch.equal(amx.matmul(q, 127, scale, w_scale, b), full[:m]), threads
+
+
+# ---- one or two base-128 digits a side on AMX tiles (up to 13 bits) --------------------------------
+
+@needs_amx
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (16, 64, 32), (17, 2, 33), (33, 1536, 193),
+                                     (37, 1100, 1537)])
+@pytest.mark.parametrize("passes", [(1, 1), (2, 2), (2, 1), (1, 2)])
+def test_amx_digits_kernel_exact_at_the_bounds(m, k, n, passes):
+    from prism_backend.model.exact_matmul import int8_passes
+
+    xb, wb = int_bound(passes[0]), int_bound(passes[1])
+    x, w = extreme_integers(m, k, n, xb, wb, seed=m * k + n)
+    weight = exact_gemm.AmxDigitWeight(int8_passes(w, passes[1]), passes[0])
+    got = weight.matmul(x, xb)
+    assert got.dtype == torch.float64 and torch.equal(got, x.double() @ w.double())
+    assert got[0, 0] == k * xb * wb
+    assert torch.equal(weight.unpacked(), w.int())
+
+
+@needs_amx
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("m", [1, 15, 16, 200])
+def test_amx_digits_kernel_quantises_and_dequantises_as_torch_whatever_the_rows_and_threads(m, passes, bias):
+    """Its quantiser writes quant.py's digits and scales (the int_mm route's, tested above) into the
+    padded layout; its epilogue gives the torch epilogue's bits; rows and threads change no bit."""
+    from prism_backend.model.exact_matmul import int8_passes
+
+    bound = int_bound(passes)
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(200, 1537, generator=gen) * torch.linspace(0.1, 9, 1537)
+    _, w = extreme_integers(3, 1537, 193, bound, bound, seed=m)
+    w_scale = torch.rand(193, generator=gen) * 1e-3
+    b = torch.randn(193, generator=gen) if bias else None
+    amx = exact_gemm.AmxDigitWeight(int8_passes(w, passes), passes)
+    reference = exact_gemm.DigitWeight(int8_passes(w, passes), passes)
+    with torch_threads(1):
+        (q, scale), (digits, ref_scale) = amx.quantize(x, bound), reference.quantize(x, bound)
+        assert torch.equal(scale, ref_scale)
+        assert torch.equal(q[:, :, :1537].reshape(-1, 1537), digits) and not q[:, :, 1537:].any()
+        full = amx.matmul(q, bound, scale, w_scale, b)
+        assert torch.equal(full, dequantize(reference.matmul(digits, bound), scale, w_scale, b))
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            q, scale = amx.quantize(x[:m], bound)
+            assert q.shape[1] == m and torch.equal(amx.matmul(q, bound, scale, w_scale, b), full[:m]), threads

@@ -103,7 +103,12 @@ def load():
                                          ctypes.c_void_p, ctypes.c_int]
         lib.prism_quantize_rows_digits.restype = None
         lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                                   ctypes.c_void_p, ctypes.c_int]
+        lib.prism_amx_digits_gemm.restype = None
+        lib.prism_amx_digits_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                              ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         lib.prism_combine_digits.restype = None
         lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -374,7 +379,7 @@ class DigitWeight:
         digits = torch.empty(self.act_passes * m, self.k, dtype=torch.int8)
         scale = torch.empty(m, 1, dtype=torch.float32)
         _library().prism_quantize_rows_digits(x.data_ptr(), m, self.k, x_bound, self.act_passes, digits.data_ptr(),
-                                              scale.data_ptr(), torch.get_num_threads())
+                                              self.k, m, scale.data_ptr(), torch.get_num_threads())
         return digits, scale
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
@@ -394,4 +399,64 @@ class DigitWeight:
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
         _library().prism_combine_digits(pointers, m, self.n, self.act_passes, len(products), *epilogue.pointers,
                                         out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+class AmxDigitWeight:
+    """An integer weight W (K, N) of one or two base-128 digits (up to 13 bits) for the AMX digits
+    kernel: each digit packed like PackedWeight8's AMX panels; activations of one or two digits,
+    quantised by the library straight into the kernel's padded layout. PackedWeight's contract."""
+
+    MAX_PASSES = 2
+
+    def __init__(self, w_digits: list[torch.Tensor], act_passes: int):
+        """w_digits: W's digits, (K, N) int8 each, most significant first (split_digits)."""
+        if not (len(w_digits) <= self.MAX_PASSES and act_passes <= self.MAX_PASSES):
+            raise ValueError(f"the AMX digits kernel takes up to {self.MAX_PASSES} digits a side")
+        self.w_digits = [d.contiguous() for d in w_digits]
+        self.k, self.n = self.w_digits[0].shape
+        self.act_passes = act_passes
+        self.panels = [PackedWeight8(d, amx=True) for d in self.w_digits]
+        self.kquads = self.panels[0].kquads
+        self._pointers = (ctypes.c_void_p * len(self.panels))(*[p.packed.data_ptr() for p in self.panels])
+
+    def unpacked(self) -> torch.Tensor:
+        """W again, (K, N) int32."""
+        return sum(d.int() * DIGIT_BASE ** (len(self.w_digits) - 1 - j) for j, d in enumerate(self.w_digits))
+
+    def _buffer(self, m: int) -> torch.Tensor:
+        """(P, rows up to a multiple of 16, 4 * kquads) int8 zeros: the kernel's activation operand."""
+        return torch.zeros(self.act_passes, -(-m // AMX_ROWS) * AMX_ROWS, 4 * self.kquads, dtype=torch.int8)
+
+    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (M, K) float32 -> the digits of its per-row integers, (P, M, 4 * kquads) int8 (a view of
+        the kernel's padded buffer), and the row scales (M, 1) float32: quant.py's quantisation."""
+        x = x.float().contiguous()
+        m = x.shape[0]
+        q, scale = self._buffer(m), torch.empty(m, 1, dtype=torch.float32)
+        _library().prism_quantize_rows_digits(x.data_ptr(), m, self.k, x_bound, self.act_passes, q.data_ptr(),
+                                              q.shape[2], q.shape[1], scale.data_ptr(), torch.get_num_threads())
+        return q[:, :m], scale
+
+    def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x_int: quantize()'s digits, or (M, K) integer-valued, |x_int| <= x_bound. Without scales ->
+        (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) -> (M, N) float32,
+        ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
+        if not amx8_available():
+            raise RuntimeError("the AMX digits kernel needs a CPU with AMX int8 tiles")
+        if x_int.dtype == torch.int8 and x_int.dim() == 3:
+            m, q = x_int.shape[1], x_int
+            if q.stride(1) != 4 * self.kquads or q.stride(0) % q.stride(1) or q.stride(0) // q.stride(1) % AMX_ROWS:
+                raise ValueError("pass quantize()'s operand, or the integers themselves")
+        else:
+            m = x_int.shape[0]
+            q = self._buffer(m)
+            for t, digit in enumerate(split_digits(x_int, self.act_passes)):
+                q[t, :m, : self.k] = digit
+        mp = q.stride(0) // q.stride(1)
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
+        _library().prism_amx_digits_gemm(q.data_ptr(), m, mp, self.kquads, self.act_passes, self._pointers,
+                                         len(self.panels), self.n, *epilogue.pointers, out.data_ptr(),
+                                         torch.get_num_threads())
         return out

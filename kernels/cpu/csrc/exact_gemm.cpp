@@ -405,11 +405,12 @@ extern "C" void prism_hadamard_rows(float* x, int m, int k, int block, int threa
 extern "C" {
 
 // Per-row symmetric quantisation (prism_quantize_rows' integers and scales) split into `passes` base-128
-// digits: q (passes, m, k) int8, most significant first, digit t of row r at q[(t * m + r) * k]. The
+// digits: q (passes, mp, ldq) int8, most significant first, digit t of row r at q[(t * mp + r) * ldq],
+// the columns k..ldq zero (rows m..mp are the caller's). The
 // split is quant.py's int8_passes, operation for operation: d = round_half_even(rest / 128^i),
 // rest = rest - d * 128^i (exact in float32: divisions by powers of two, integers below 2^24).
-void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int passes, int8_t* q, float* scale,
-                                int threads) {
+void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int passes, int8_t* q, int ldq, int mp,
+                                float* scale, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int r = 0; r < m; ++r) {
     const float* row = x + (long)r * k;
@@ -423,7 +424,7 @@ void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int pas
       for (int t = 0; t < passes; ++t) {
         const __m256 p = _mm256_set1_ps((float)(1 << (7 * (passes - 1 - t))));
         const __m256 d = _mm256_round_ps(_mm256_div_ps(rest, p), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        store_digits(q + ((long)t * m + r) * k + j, d);
+        store_digits(q + ((long)t * mp + r) * ldq + j, d);
         rest = _mm256_sub_ps(rest, _mm256_mul_ps(d, p));
       }
     }
@@ -433,10 +434,11 @@ void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int pas
       for (int t = 0; t < passes; ++t) {
         const float p = (float)(1 << (7 * (passes - 1 - t)));
         const float d = __builtin_nearbyintf(rest / p);
-        q[((long)t * m + r) * k + j] = (int8_t)d;
+        q[((long)t * mp + r) * ldq + j] = (int8_t)d;
         rest = rest - d * p;
       }
     }
+    for (int t = 0; t < passes; ++t) memset(q + ((long)t * mp + r) * ldq + k, 0, ldq - k);  // K's padding
   }
 }
 
@@ -495,11 +497,9 @@ struct TileConfig {
 // store_row for 16 int32 sums in AVX-512 registers (the first `valid` of them, columns col..): the
 // same IEEE operations per element -- (float)((sum * x_scale[row]) * w_scale[c]) (+ bias[c]) -- 16
 // columns at a time instead of 4, without the trip through memory.
-PRISM_AMX inline void store16(__m512i sum, int row, int col, int valid, const Epilogue& e) {
+PRISM_AMX inline void store16(const __m512d sums[2], int row, int col, int valid, const Epilogue& e) {
   const __mmask16 mask = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
   const __mmask8 masks[2] = {(__mmask8)(mask & 0xFF), (__mmask8)(mask >> 8)};
-  const __m512d sums[2] = {_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)),
-                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1))};
   const long base = (long)row * e.n + col;
   for (int h = 0; h < 2; ++h) {
     if (!e.x_scale) {
@@ -511,6 +511,12 @@ PRISM_AMX inline void store16(__m512i sum, int row, int col, int valid, const Ep
     if (e.bias) v = _mm256_add_ps(v, _mm256_maskz_loadu_ps(masks[h], e.bias + col + 8 * h));
     _mm256_mask_storeu_ps(static_cast<float*>(e.out) + base + 8 * h, masks[h], v);
   }
+}
+
+PRISM_AMX inline void store16(__m512i sum, int row, int col, int valid, const Epilogue& e) {
+  const __m512d sums[2] = {_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)),
+                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1))};
+  store16(sums, row, col, valid, e);
 }
 
 // Rows row..row+16*RT-1 x the 32 columns of one panel, K in steps of 64: tiles 0-3 accumulate
@@ -585,6 +591,91 @@ PRISM_AMX void prism_amx8_gemm(const uint8_t* x, int m, int kquads, const int8_t
       int r = r0;
       for (; r + 32 <= r1; r += 32) amx_tile<2>(x, ldx, kquads, panel, corr, r, m, col, ncols, e);
       if (r < r1) amx_tile<1>(x, ldx, kquads, panel, corr, r, m, col, ncols, e);
+    });
+    _tile_release();
+  }
+}
+
+}  // extern "C"
+
+// ---- integers of one or two base-128 digits a side (up to 13 bits) on AMX tiles ----
+// X = sum_i 128^(P-1-i) x_i and W = sum_j 128^(Q-1-j) w_j (P, Q <= 2; digits |x_i|, |w_j| <= 127):
+// X @ W = sum over the exponents e = (P-1-i) + (Q-1-j) of 128^e * C_e, C_e the int32 sum of the
+// digit products x_i @ w_j with that exponent (tdpbssd: signed x signed bytes). For 13-bit integers
+// the digits are at most 64, so every C_e is far below 2^31 (K * 2 * 64 * 64 < 2^31 for K < 262,000),
+// and the combination in float64 is exact (128^e * C_e and every partial sum are integers below
+// 2^53). Same integers as every other route, so the same bits through the same epilogue.
+// Tiles: C_e in 0..2, x_i in 3..4, w_j in 5..6; one 16-row tile x 16 columns at a time.
+namespace {
+template <int P, int Q>
+PRISM_AMX inline void digit_tile(const int8_t* x, long ldx, long digit_stride, int kquads, const int8_t* const* panels,
+                                 int half, int row, int m, int col, int valid, const Epilogue& e) {
+  _tile_zero(0);
+  if (P + Q > 2) _tile_zero(1);
+  if (P + Q > 3) _tile_zero(2);
+  for (int kq = 0; kq < kquads; kq += 16) {
+    const long b = (long)kq * 4 * NR8 + 64 * half, a = (long)row * ldx + 4 * kq;
+    _tile_loadd(5, panels[0] + b, 4 * NR8);
+    _tile_loadd(3, x + a, ldx);
+    if (Q == 2) _tile_loadd(6, panels[1] + b, 4 * NR8);
+    if (P == 2) _tile_loadd(4, x + digit_stride + a, ldx);
+    // exponents: x_i w_j -> (P-1-i) + (Q-1-j)
+    if (P == 1 && Q == 1) _tile_dpbssd(0, 3, 5);
+    if (P == 2 && Q == 1) { _tile_dpbssd(1, 3, 5); _tile_dpbssd(0, 4, 5); }
+    if (P == 1 && Q == 2) { _tile_dpbssd(1, 3, 5); _tile_dpbssd(0, 3, 6); }
+    if (P == 2 && Q == 2) { _tile_dpbssd(2, 3, 5); _tile_dpbssd(1, 3, 6); _tile_dpbssd(1, 4, 5); _tile_dpbssd(0, 4, 6); }
+  }
+  alignas(64) int32_t c[3][16][16];
+  _tile_stored(0, &c[0][0][0], 64);
+  if (P + Q > 2) _tile_stored(1, &c[1][0][0], 64);
+  if (P + Q > 3) _tile_stored(2, &c[2][0][0], 64);
+  for (int r = 0; r < 16 && row + r < m; ++r) {
+    __m512d sums[2];
+    for (int h = 0; h < 2; ++h) {
+      sums[h] = _mm512_setzero_pd();
+      for (int ex = P + Q - 2; ex >= 0; --ex) {
+        const __m256i part = _mm256_load_si256(reinterpret_cast<const __m256i*>(&c[ex][r][8 * h]));
+        sums[h] = _mm512_add_pd(sums[h], _mm512_mul_pd(_mm512_cvtepi32_pd(part), _mm512_set1_pd((double)(1L << (7 * ex)))));
+      }
+    }
+    store16(sums, row + r, col, valid, e);
+  }
+}
+}  // namespace
+
+extern "C" {
+
+// x: (P, mp, 4 * kquads) int8, the activations' digits (prism_quantize_rows_digits), rows m..mp zero,
+// mp a multiple of 16 and kquads of 16; panels[j]: W's digit j packed like the 8-bit kernel's panels
+// (ceil(n/32), kquads, 32, 4). The epilogue arguments as in the other kernels. Call only after
+// prism_amx_init() == 0.
+PRISM_AMX void prism_amx_digits_gemm(const int8_t* x, int m, int mp, int kquads, int apasses, const int8_t* const* panels,
+                                     int wpasses, int n, const float* x_scale, const float* w_scale, const float* bias,
+                                     void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, out, n};
+  const int panel_count = (n + NR8 - 1) / NR8;
+  const long ldx = 4L * kquads, digit_stride = (long)mp * ldx;
+  const int row_block = ((256 * 1024 / (int)(ldx * apasses)) / 16 + 1) * 16;
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    _tile_loadconfig(&config);
+    by_row_block(mp, row_block, panel_count, [&](int p, int r0, int r1) PRISM_AMX {
+      const int8_t* mine[2] = {panels[0] + (long)p * kquads * 4 * NR8,
+                               wpasses == 2 ? panels[1] + (long)p * kquads * 4 * NR8 : nullptr};
+      const int col0 = p * NR8;
+      for (int r = r0; r < r1; r += 16)
+        for (int half = 0; half < 2 && col0 + 16 * half < n; ++half) {
+          const int col = col0 + 16 * half, valid = n - col < 16 ? n - col : 16;
+          if (apasses == 1 && wpasses == 1) digit_tile<1, 1>(x, ldx, digit_stride, kquads, mine, half, r, m, col, valid, e);
+          if (apasses == 2 && wpasses == 1) digit_tile<2, 1>(x, ldx, digit_stride, kquads, mine, half, r, m, col, valid, e);
+          if (apasses == 1 && wpasses == 2) digit_tile<1, 2>(x, ldx, digit_stride, kquads, mine, half, r, m, col, valid, e);
+          if (apasses == 2 && wpasses == 2) digit_tile<2, 2>(x, ldx, digit_stride, kquads, mine, half, r, m, col, valid, e);
+        }
     });
     _tile_release();
   }
