@@ -61,15 +61,19 @@ bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)
 	$(PY) bench/side_by_side.py $(ARGS)
 	$(PY) bench/cache_bench.py
 
-# llama.cpp compiled for this CPU (GGML_NATIVE), and the checkpoint as GGUF Q8_0 by llama.cpp's converter.
+# llama.cpp compiled for this CPU's vector instructions, and the checkpoint as GGUF Q8_0 by llama.cpp's converter.
 # --no-cache-dir: a wheel pip kept from another machine's build may use instructions this CPU lacks.
-# -mno-amx-*: on an Intel Xeon with AMX, -march=native compiles ggml's AMX matmul, which died with
-# SIGILL at its first `tilezero` on such a VM (2026-12-02); llama.cpp then runs its AVX-512 VNNI
-# code, as on an AMD EPYC (not yet re-run with these flags).
-LLAMA_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+# GGML_NATIVE=OFF with the instruction sets named from /proc/cpuinfo: on an Intel Xeon with AMX,
+# -march=native compiles ggml's AMX matmul, which died with SIGILL at its first `tilezero` on such a
+# VM (2026-12-02; flags put before -march=native cannot switch it off), so llama.cpp runs its
+# AVX-512 VNNI code there, as on an AMD EPYC.
+LLAMA_ISA := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	$(shell grep -qw avx512f /proc/cpuinfo && echo -DGGML_AVX512=ON) \
+	$(shell grep -qw avx512_vnni /proc/cpuinfo && echo -DGGML_AVX512_VNNI=ON) \
+	$(shell grep -qw avx512_bf16 /proc/cpuinfo && echo -DGGML_AVX512_BF16=ON)
 $(LLAMA_VENV)/.deps-installed:
 	$(PYTHON) -m venv $(LLAMA_VENV)
-	CFLAGS="$(LLAMA_NO_AMX)" CXXFLAGS="$(LLAMA_NO_AMX)" CMAKE_ARGS="-DGGML_NATIVE=ON" \
+	CMAKE_ARGS="$(LLAMA_ISA)" \
 		$(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
 		llama-cpp-python==0.3.36 numpy psutil
 	touch $@

@@ -12,10 +12,13 @@ SmolLM2-135M's projection shapes at 760 rows (workload a's forest): for each, th
                       |w| <= 64 (its int16 pair sums saturate beyond); shown as the CPU's int8 rate
   exact 1+1 (fp32)    one pass each side: an fp32 GEMM of the int8 values, K-chunks <= 1,040
   exact 1+1 (vnni8)   the same integers by Prism's 8-bit VNNI kernel (AVX-512 VNNI CPUs only)
+  exact 1+1 (amx8)    the same by its AMX variant (CPUs with AMX int8 tiles only)
   exact 2+2 (int16)   two passes each side (the default, 13-bit integers) by the AVX2 int16 kernel
                       (kernels/cpu/exact_gemm.py): the route Prism takes on CPUs without VNNI; on
                       uniform random integers (its int32 runs then end every 16 k-pairs, the worst
                       case) and on decoder-like ones (normal values, a few outlier channels)
+  exact 2+2 (amx_digits)  the same 13-bit integers as base-128 digits on AMX tiles (AMX CPUs only)
+  exact 2+2 (int_mm)  the same digits by four torch._int_mm products, combined by the library
   exact 2+2 (fp64)    the same integers by one float64 GEMM (the route without the int16 kernel)
   old default         the scheme before 2026-11-30: three exact fp32 products per projection
 and writes bench/results/gemm_routes.md. Without VNNI an int8 product costs what an fp32 one does
@@ -90,6 +93,9 @@ def main() -> None:
         one8 = ExactWeight(wf, 1, 1, "vnni8") if exact_gemm.vnni8_available() else None
         xb, wb = xf.bfloat16(), wf.bfloat16()
         two16 = ExactWeight(w2, 2, 2, "int16")
+        one_amx = ExactWeight(wf, 1, 1, "amx8") if exact_gemm.amx8_available() else None
+        two_amx = ExactWeight(w2, 2, 2, "amx_digits") if exact_gemm.amx8_available() else None
+        two_int_mm = ExactWeight(w2, 2, 2, "int_mm")
         # decoder-like 13-bit integers: normal activations with a few outlier channels, quantised
         # per row, and weights per column (the int16 kernel's int32 runs are then many blocks long)
         x_real = decoder_like(ROWS, k, gen)
@@ -105,7 +111,10 @@ def main() -> None:
             "fbgemm u8s8": median_ms(fb, args.repeats) if fb else float("nan"),
             "exact 1+1 (fp32)": median_ms(lambda: one.matmul(xf), args.repeats),
             "exact 1+1 (vnni8)": median_ms(lambda: one8.matmul(xf), args.repeats) if one8 else float("nan"),
+            "exact 1+1 (amx8)": median_ms(lambda: one_amx.matmul(xf), args.repeats) if one_amx else float("nan"),
             "exact 2+2 (int16, uniform)": median_ms(lambda: two16.matmul(x2), args.repeats),
+            "exact 2+2 (amx_digits)": median_ms(lambda: two_amx.matmul(x2), args.repeats) if two_amx else float("nan"),
+            "exact 2+2 (int_mm)": median_ms(lambda: two_int_mm.matmul(x2), args.repeats if has_avx512_vnni() else 1),
             "exact 2+2 (int16, decoder-like)": median_ms(lambda: two16r.matmul(x2r), args.repeats),
             "exact 2+2 (fp64)": median_ms(lambda: two.matmul(x2), args.repeats),
             # ... times the weight, plus the weight residual times the first pass

@@ -1,8 +1,11 @@
 """Prism's own kernels, by target; each computes what a torch reference computes, to the bit.
 
     cpu/      the exact integer GEMMs for x86 CPUs (C++, built with g++ on first use, called via ctypes)
-      exact_gemm.py     int16 x int16 (AVX2) and uint8 x int8 (AVX-512 VNNI) -> exact sums, with
-                        Prism's row quantisation and dequantising epilogue fused in (csrc/exact_gemm.cpp)
+      exact_gemm.py     int16 x int16 (AVX2), uint8 x int8 (AVX-512 VNNI, AMX tiles) and base-128 digits
+                        (AMX tiles; torch._int_mm's digit products) -> exact sums, with Prism's row
+                        quantisation and dequantising epilogue fused in (csrc/exact_gemm.cpp)
+      tree_attention.py attention over the packed forest in float32, one operation order on every x86
+                        CPU kind (csrc/tree_attention.cpp, built into the same library)
       features.py       what this CPU runs (its flags), PRISM_CPU_ISA to make it act as an AVX2-only one
     triton/   OpenAI Triton-lang kernels for the GPU path
       exact_gemm.py     int8 x int8 -> exact int32 sums, dequantisation fused into the epilogue, no split-K

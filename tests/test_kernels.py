@@ -139,7 +139,7 @@ def test_cpu_forest_attention_is_per_segment_sdpa_bit_for_bit():
     c = EncodedRequest((9,), (60, 61), ((5, 6, 7),), ((0, 1),))
     forest = build_forest([a, c])
     q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=3)
-    attention = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device)
+    attention = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device, 16)
     expected = torch.cat([_sdpa(q[s.start : s.start + s.length], k[s.key_rows], v[s.key_rows], s.prefix_length, True)
                           for s in forest.segments])
     assert attention.masks and torch.equal(attention.rows(q, k, v), expected)
@@ -160,7 +160,7 @@ def test_tree_attention_matches_the_engines_torch_path():
     tuples = [(s.start, s.length, s.parent) for s in forest.segments]
     q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=5)
     out = tree_attention(q, k, v, build_layout(tuples))
-    torch_path = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device)
+    torch_path = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device, 16)
     torch.testing.assert_close(out, torch_path.rows(q, k, v), atol=1e-5, rtol=0)
 
     branches = [s for s in forest.segments if s.is_branch]

@@ -1,2 +1,3 @@
-"""Exact integer GEMMs for x86 CPUs (exact_gemm.py, C++ in csrc/exact_gemm.cpp) and the CPU
+"""Prism's x86 CPU kernels, one C++ library built on first use: the exact integer GEMMs (exact_gemm.py,
+csrc/exact_gemm.cpp), tree attention (tree_attention.py, csrc/tree_attention.cpp), and the CPU
 features that decide which of them run here (features.py)."""

@@ -1,7 +1,9 @@
-"""Exact integer GEMMs for x86 CPUs: int16 x int16 (AVX2) and uint8 x int8 (AVX-512 VNNI), both
-with exact int32 lane sums widened to float64, Prism's row quantisation and its dequantising epilogue
-fused in. One C++ library (csrc/exact_gemm.cpp), built with g++ on first use: PackedWeight is the
-AVX2 int16 kernel, PackedWeight8 the 8-bit one (one quantisation pass a side).
+"""Exact integer GEMMs for x86 CPUs: int16 x int16 (AVX2), uint8 x int8 (AVX-512 VNNI, or AMX tiles)
+and integers of one or two base-128 digits (AMX tiles), all with exact int32 sums widened to float64,
+Prism's row quantisation and its dequantising epilogue fused in. One C++ library (csrc/exact_gemm.cpp),
+built with g++ on first use: PackedWeight is the AVX2 int16 kernel, PackedWeight8 the 8-bit one (one
+quantisation pass a side; `amx=True` for its AMX variant), AmxDigitWeight the AMX digits kernel, and
+DigitWeight feeds torch._int_mm (oneDNN) the library's digits and combines its products.
 
 Why it exists: on CPUs without VNNI, int8 arithmetic runs at the float32 FMA rate, so Prism's exact
 products used to cost one float64 GEMM (2x a float32 one). AVX2's vpmaddwd multiplies int16 pairs
@@ -32,6 +34,8 @@ import torch
 from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_gemm.cpp"
+# the one library holds every CPU kernel: these GEMMs and tree attention (kernels/cpu/tree_attention.py)
+SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "tree_attention.cpp")
 PACKAGE_LIB = Path(__file__).parent / "lib"  # kernels/cpu/lib: where an export puts the built library
 PANEL = 16  # output columns per packed panel (NR in the source)
 INT32_MAX = 2**31 - 1
@@ -53,7 +57,9 @@ def _cache_dirs() -> list[Path]:
 
 
 def library_name() -> str:
-    return f"exact_gemm-{hashlib.sha256(SOURCE.read_bytes() + ' '.join(FLAGS).encode()).hexdigest()[:16]}.so"
+    sources = sorted(SOURCE.parent.iterdir())  # the .cpp files and what they include
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(FLAGS).encode())
+    return f"exact_gemm-{digest.hexdigest()[:16]}.so"
 
 
 def _build() -> Path:
@@ -68,7 +74,8 @@ def _build() -> Path:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             partial = folder / f".{target.name}.{os.getpid()}"  # instances may build at once: rename is atomic
-            subprocess.run(["g++", *FLAGS, "-o", str(partial), str(SOURCE)], check=True, capture_output=True, text=True)
+            subprocess.run(["g++", *FLAGS, "-o", str(partial), *map(str, SOURCES)], check=True, capture_output=True,
+                           text=True)
             os.replace(partial, target)
             return target
         except (OSError, subprocess.CalledProcessError) as exc:
@@ -86,7 +93,7 @@ def load():
         try:
             lib = ctypes.CDLL(str(_build()))
         except (OSError, RuntimeError) as exc:
-            _why_not = f"could not build {SOURCE.name}: {exc}"
+            _why_not = f"could not build {', '.join(s.name for s in SOURCES)}: {exc}"
             return None
         lib.prism_quantize_rows.restype = None
         lib.prism_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
@@ -117,6 +124,8 @@ def load():
         lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes
         lib.prism_amx_init.restype = ctypes.c_int
         lib.prism_amx_init.argtypes = []
+        lib.prism_tree_attention.restype = None
+        lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 2
         lib.prism_hadamard_rows.restype = None
         lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         _lib = lib

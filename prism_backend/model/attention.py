@@ -1,14 +1,21 @@
 """Tree attention over a packed forest.
 
 Every token attends exactly to its ancestors: the rows of its parent segments and the earlier rows
-of its own segment. The torch path (CPU) computes each segment on its own, with keys gathered from
-its ancestry, so a segment's result depends only on its own tree, never on what else is packed in
-the batch. The Triton-lang path (kernels/triton/tree_attention.py, CUDA) has the same semantics and the
-same invariance, and reads each shared prefix once for all its branches.
+of its own segment. Three implementations with these semantics, each computing a segment on its
+own, so that its result depends only on its own tree, never on what else is packed in the batch:
+  - on CPU, Prism's kernel (kernels/cpu/tree_attention.py, `kernels` auto): float32 with one
+    operation order on every x86 CPU kind, thread count and batch (the same bits on an AVX2 EPYC
+    and an AVX-512 Xeon), for heads of 64 where the kernel library builds;
+  - torch's CPU flash-attention kernel (`kernels` torch, other head sizes, no kernel library):
+    thread-count and batch invariant, but its bits follow the CPU's vector width;
+  - the Triton-lang kernel (kernels/triton/tree_attention.py, CUDA), which reads each shared prefix
+    once for all its branches.
 """
 from __future__ import annotations
 
 import torch
+
+from kernels.cpu import tree_attention as cpu_tree_attention
 
 from ..forest import Segment
 from .quant import use_triton
@@ -85,13 +92,19 @@ class ForestAttention:
     is built once per forward, not once per layer."""
 
     def __init__(self, segments: list[Segment], computed: list[int], branches: list[int], kernels: str,
-                 device: torch.device):
+                 device: torch.device, head_dim: int):
         self.segments = segments
         self.computed = computed
         self.branches = branches
         self.first_row = segments[computed[0]].start
-        self.kernel_layouts = None
-        if use_triton(kernels, torch.empty(0, device=device)):
+        self.kernel_layouts = self.cpu_tables = None
+        if kernels == "auto" and device.type == "cpu" and cpu_tree_attention.available(head_dim):
+            # (first query row, rows, key rows, keys before its own) per segment: all rows, then answers
+            rows = [(segments[i].start - self.first_row, segments[i].length, segments[i].key_rows,
+                     segments[i].prefix_length) for i in computed]
+            answers = [(n, 1, segments[i].key_rows, segments[i].key_rows.numel() - 1) for n, i in enumerate(branches)]
+            self.cpu_tables = (cpu_tree_attention.segment_table(rows), cpu_tree_attention.segment_table(answers))
+        elif use_triton(kernels, torch.empty(0, device=device)):
             from kernels.triton.tree_attention import build_layout
 
             tuples = [(seg.start, seg.length, seg.parent) for seg in segments]
@@ -105,6 +118,8 @@ class ForestAttention:
 
     def rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (n, Hq, D) of the computed rows; k, v: (rows so far, Hkv, D) -> (n, Hq, D)."""
+        if self.cpu_tables is not None:
+            return cpu_tree_attention.tree_attention(q, k, v, *self.cpu_tables[0])
         if self.kernel_layouts is not None:
             from kernels.triton.tree_attention import tree_attention as tree_attention_kernel
 
@@ -120,6 +135,8 @@ class ForestAttention:
 
     def answers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (A, Hq, D) of the answer rows; k, v: (rows so far, Hkv, D) -> (A, Hq, D)."""
+        if self.cpu_tables is not None:
+            return cpu_tree_attention.tree_attention(q, k, v, *self.cpu_tables[1])
         if self.kernel_layouts is not None:
             from kernels.triton.tree_attention import tree_attention as tree_attention_kernel
 

@@ -121,7 +121,7 @@ class ForestTransformer:
         b = segs[computed[-1]].start + segs[computed[-1]].length
         branches = [i for i in computed if segs[i].is_branch]
         answers = torch.tensor([segs[i].start + segs[i].length - 1 - a for i in branches], dtype=torch.long)
-        attention = ForestAttention(segs, computed, branches, self.kernels, self.w.embed.device)
+        attention = ForestAttention(segs, computed, branches, self.kernels, self.w.embed.device, self.spec.head_dim)
         h = self.w.embed[forest.token_ids[a:b]]  # (b - a, H)
         cos, sin = self.rotary(forest.positions[a:b])
         kv = []

@@ -1,0 +1,58 @@
+"""Tree attention over a packed forest on x86 CPUs (csrc/tree_attention.cpp, built into the exact GEMMs'
+library): every segment's rows attend to their ancestors' rows and, causally, their own, in float32,
+with one operation order whatever the CPU kind (AVX2 or AVX-512), the thread count or the batch, so
+the same request gives the same bits on every x86-64 machine with AVX2 and FMA. Its torch reference
+is softmax(q kᵀ / 8 + mask) v in float64 (tests/test_tree_attention_cpu.py); prism_backend's
+attention.py calls it for CPU tensors.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu.exact_gemm import _library, load
+from kernels.cpu.features import cpu_flags
+
+
+def has_avx512() -> bool:
+    """Whether the kernel's AVX-512 instance runs here (the same bits as its AVX2 one); PRISM_CPU_ISA=avx2
+    hides the flags, so the AVX2 instance runs."""
+    return {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= (cpu_flags() or frozenset())
+
+HEAD_DIM = 64  # the kernel's head dimension (1 / sqrt(64) is a power of two: q's scaling is exact)
+
+
+def available(head_dim: int) -> bool:
+    """Whether the kernel runs here for this head dimension (the library loads: x86 with AVX2 + FMA)."""
+    return head_dim == HEAD_DIM and load() is not None
+
+
+def segment_table(segments: list[tuple[int, int, torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[(first query row, query rows, key rows (L,), keys before its own rows)] -> (the key rows of every
+    segment concatenated, int32; (S, 5) int32 rows (q_start, q_len, key_offset, keys, prefix)). Built
+    once per forward and used by every layer."""
+    rows, table, offset = [], [], 0
+    for q_start, q_len, key_rows, prefix in segments:
+        rows.append(key_rows.to(torch.int32))
+        table.append((q_start, q_len, offset, key_rows.numel(), prefix))
+        offset += key_rows.numel()
+    key_rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int32)
+    return key_rows.contiguous(), torch.tensor(table, dtype=torch.int32).reshape(-1, 5).contiguous()
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_rows: torch.Tensor,
+                   table: torch.Tensor, wide: bool | None = None) -> torch.Tensor:
+    """q: (n, Hq, 64) float32; k, v: (key rows, Hkv, 64) float32; key_rows, table: segment_table's ->
+    (n, Hq, 64) float32; rows of q that no segment covers stay uninitialised. wide: the AVX-512
+    instance (default: where the CPU has it) or the AVX2 one -- the same bits (tests compare them)."""
+    wide = has_avx512() if wide is None else wide
+    if wide and not has_avx512():
+        raise RuntimeError("the AVX-512 instance of tree attention needs a CPU with AVX-512 F/DQ/VL/BW")
+    if q.shape[-1] != HEAD_DIM or k.shape[-1] != HEAD_DIM or q.shape[1] % k.shape[1]:
+        raise ValueError(f"tree attention takes heads of {HEAD_DIM} and query heads a multiple of the key heads, "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    q, k, v = (t.float().contiguous() for t in (q, k, v))
+    out = torch.empty_like(q)
+    _library().prism_tree_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), key_rows.data_ptr(), table.data_ptr(),
+                                    table.shape[0], q.shape[1], k.shape[1], k.shape[0], out.data_ptr(),
+                                    int(wide), torch.get_num_threads())
+    return out

@@ -1,0 +1,143 @@
+"""Prism's CPU tree attention (kernels/cpu/tree_attention.py): the float64 reference's values, the
+forest's semantics, and bits that depend on nothing but the segment's own rows and keys -- not the
+thread count, not the rest of the batch, not the CPU kind (a committed digest, recomputed here)."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from helpers import needs
+
+from kernels.cpu import tree_attention as cpu_attention
+from prism_backend.engine.forest_builder import build_forest
+from prism_backend.forest import EncodedRequest
+from prism_backend.model.attention import ForestAttention
+from prism_backend.reproducibility import torch_threads
+
+pytestmark = needs("avx2")  # the kernel library is built for x86 CPUs with AVX2 + FMA
+
+
+def integer_valued(shape, seed: int, scale: float) -> torch.Tensor:
+    """Inputs every machine generates to the bit: small integers (torch's integer RNG is the same
+    on every CPU, its normal sampler's vectorised code is not) times a power of two."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-64, 65, shape, generator=gen).float() * scale
+
+
+def forest_qkv(hq: int = 9, hkv: int = 3, seed: int = 0):
+    """A forest of two trees (shared trunk blocks, three and one branches, one branch below another
+    request's trunk) and its q, k, v: (rows, heads, 64)."""
+    a = EncodedRequest((1, 2, 3), tuple(range(10, 300)), ((5, 6), (7,), (8, 9, 4)), ((0, 1),) * 3)
+    b = EncodedRequest((1, 2, 3), (50, 51, 52), ((5,),), ((0, 1),))
+    c = EncodedRequest((9,), tuple(range(60, 200)), ((5, 6, 7),), ((0, 1),))
+    forest = build_forest([a, b, c], block_tokens=64)
+    n = len(forest.token_ids)
+    q = integer_valued((n, hq, 64), seed, 1 / 32)
+    k, v = integer_valued((n, hkv, 64), seed + 1, 1 / 32), integer_valued((n, hkv, 64), seed + 2, 1 / 64)
+    return forest, q, k, v
+
+
+def reference(forest, q, k, v) -> torch.Tensor:
+    """softmax(q kᵀ / 8 over each row's visible keys) v, in float64, row by row."""
+    group = q.shape[1] // k.shape[1]
+    keys, values = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for s in forest.segments:
+        for r in range(s.length):
+            visible = s.key_rows[: s.prefix_length + r + 1]
+            scores = torch.einsum("hd,jhd->hj", q[s.start + r].double(), keys[visible]) / 8.0
+            out[s.start + r] = torch.einsum("hj,jhd->hd", scores.softmax(-1), values[visible])
+    return out
+
+
+def cpu_attention_of(forest):
+    segments = forest.segments
+    return ForestAttention(segments, list(range(len(segments))), [i for i, s in enumerate(segments) if s.is_branch],
+                           "auto", torch.device("cpu"), 64)
+
+
+@pytest.mark.parametrize("hq, hkv", [(9, 3), (4, 4)])
+def test_the_kernel_computes_tree_attention(hq, hkv):
+    forest, q, k, v = forest_qkv(hq, hkv)
+    attention = cpu_attention_of(forest)
+    assert attention.cpu_tables is not None  # auto on CPU with heads of 64: Prism's kernel
+    rows = attention.rows(q, k, v)
+    torch.testing.assert_close(rows.double(), reference(forest, q, k, v), atol=2e-6, rtol=0)
+    torch_path = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device, 64)
+    torch.testing.assert_close(rows, torch_path.rows(q, k, v), atol=2e-6, rtol=0)
+
+
+def test_answer_rows_are_the_same_rows_of_every_row():
+    """An answer row computed alone gives the bits it gets among all rows (rows are grouped by 4
+    inside a segment; the grouping changes no bit)."""
+    forest, q, k, v = forest_qkv()
+    attention = cpu_attention_of(forest)
+    rows = attention.rows(q, k, v)
+    assert torch.equal(attention.answers(q[forest.answer_rows], k, v), rows[forest.answer_rows])
+
+
+def test_a_segments_bits_depend_on_nothing_else():
+    """The same segment alone, or with other requests packed around it, under 1-4 threads: the
+    same bits."""
+    forest, q, k, v = forest_qkv()
+    with torch_threads(1):
+        full = cpu_attention_of(forest).rows(q, k, v)
+    for threads in (2, 3, 4):
+        with torch_threads(threads):
+            assert torch.equal(cpu_attention_of(forest).rows(q, k, v), full), threads
+    alone = EncodedRequest((9,), tuple(range(60, 200)), ((5, 6, 7),), ((0, 1),))
+    single = build_forest([alone], block_tokens=64)
+    n = len(single.token_ids)
+    first = next(i for i, s in enumerate(forest.segments) if s.start >= 0 and forest.token_ids[s.start] == 9)
+    start = forest.segments[first].start
+    rows = slice(start, start + n)
+    got = cpu_attention_of(single).rows(q[rows], k[rows], v[rows])
+    assert torch.equal(got, full[rows])
+
+
+# sha256 of the output bits of test_the_same_bits_on_every_cpu_kind's input, computed on an Intel Xeon
+# (AVX-512 VNNI + BF16 + AMX) on 2026-12-02; every x86-64 CPU with AVX2 + FMA must reproduce it.
+GOLDEN = "2287d2bd8decb980ba3eab155dff10db9a190fd89e14632d801ba099b669bbd5"
+
+
+def test_the_same_bits_on_every_cpu_kind():
+    """Every step is an IEEE-defined operation per lane, in one order, with an exp of its own, and the
+    one sum across lanes has a fixed order: so an AVX2-only EPYC (the AVX2 instance) and an AVX-512
+    Xeon (the AVX-512 instance) compute the same bits. A committed digest of a fixed input's output
+    is recomputed on whatever machine runs this."""
+    forest, q, k, v = forest_qkv(seed=7)
+    out = cpu_attention_of(forest).rows(q, k, v)
+    assert hashlib.sha256(out.numpy().tobytes()).hexdigest() == GOLDEN
+
+
+@needs("avx512_vnni")
+def test_the_avx2_instance_gives_the_avx512_instances_bits():
+    """On an AVX-512 CPU both instances run: the AVX2 one (what an AVX2-only CPU runs) gives the bits
+    of the AVX-512 one, on every row of a forest and on answer rows alone."""
+    forest, q, k, v = forest_qkv(seed=11)
+    (key_rows, table), (answer_keys, answers) = cpu_attention_of(forest).cpu_tables
+    assert cpu_attention.has_avx512()
+    wide = cpu_attention.tree_attention(q, k, v, key_rows, table, wide=True)
+    assert torch.equal(cpu_attention.tree_attention(q, k, v, key_rows, table, wide=False), wide)
+    qa = q[forest.answer_rows]
+    assert torch.equal(cpu_attention.tree_attention(qa, k, v, answer_keys, answers, wide=False),
+                       cpu_attention.tree_attention(qa, k, v, answer_keys, answers, wide=True))
+
+
+def test_exp_is_accurate_to_a_few_ulp():
+    """prism_exp through the kernel: one key against itself and zeros gives weights exp(s - m)."""
+    scores = torch.linspace(-80, 0, 4001, dtype=torch.float32)
+    q = torch.zeros(1, 1, 64)
+    q[0, 0, 0] = 8.0  # score_j = k_j[0] (q is scaled by 1/8)
+    k = torch.zeros(scores.numel(), 1, 64)
+    k[:, 0, 0] = scores
+    v = torch.zeros(scores.numel(), 1, 64)
+    for j in range(0, scores.numel(), 400):  # one value row at a time picks out weight j / sum
+        v.zero_()
+        v[j, 0, 0] = 1.0
+        table = cpu_attention.segment_table([(0, 1, torch.arange(scores.numel()), scores.numel() - 1)])
+        got = cpu_attention.tree_attention(q, k, v, *table)[0, 0, 0].double()
+        weights = torch.exp(scores.double() - scores.max().double())
+        expected = weights[j] / weights.sum()
+        assert abs(got - expected) <= 4e-7 * expected + 1e-30, (j, got, expected)
