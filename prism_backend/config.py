@@ -90,9 +90,10 @@ class EngineConfig:
     tp_startup_timeout_s: int = 600
     num_threads: int = 0  # 0: leave torch's default
     # Which code runs attention and the exact integer products: "auto" = the Triton-lang kernels
-    # (kernels/triton/) for CUDA tensors, torch (and the exact CPU GEMMs, model/exact_matmul.py) for CPU
-    # tensors; "torch" or "triton" force one (triton on CPU tensors needs TRITON_INTERPRET=1 in the
-    # environment before start: it is how the tests run the kernels).
+    # (kernels/triton/) for CUDA tensors; for CPU tensors Prism's CPU kernels (tree attention with the
+    # same bits on every x86 CPU kind, for heads of 64, and the exact GEMMs, model/exact_matmul.py);
+    # "torch" = torch's CPU attention (and the exact GEMMs); "triton" forces the Triton-lang kernels
+    # (on CPU tensors it needs TRITON_INTERPRET=1 in the environment before start: how the tests run them).
     kernels: str = "auto"
     # Prefix KV cache and chunked prefill (engine/prefix_cache.py, engine/forest_builder.py). System prompt and material are
     # cut into blocks of kv_block_tokens: the unit of the cache and of prefill chunks.

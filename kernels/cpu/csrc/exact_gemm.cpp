@@ -488,10 +488,10 @@ void prism_combine_digits(const int32_t* const* acc, int m, int n, int apasses, 
 // computed and never stored). Linux hands out the tile registers only on request (prism_amx_init).
 #define PRISM_AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,amx-tile,amx-int8")))
 namespace {
-struct TileConfig {
+struct TileConfig {  // every kernel here uses tiles 0-7 at their full 16 rows x 64 bytes
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
 // store_row for 16 int32 sums in AVX-512 registers (the first `valid` of them, columns col..): the
@@ -577,11 +577,7 @@ PRISM_AMX void prism_amx8_gemm(const uint8_t* x, int m, int kquads, const int8_t
   const long ldx = 4L * kquads;
   const int padded_m = (m + 15) / 16 * 16;
   const int row_block = ((256 * 1024 / (int)ldx) / 32 + 1) * 32;
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
+  const TileConfig config;
 #pragma omp parallel num_threads(threads)
   {
     _tile_loadconfig(&config);
@@ -656,11 +652,7 @@ PRISM_AMX void prism_amx_digits_gemm(const int8_t* x, int m, int mp, int kquads,
   const int panel_count = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads, digit_stride = (long)mp * ldx;
   const int row_block = ((256 * 1024 / (int)(ldx * apasses)) / 16 + 1) * 16;
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
+  const TileConfig config;
 #pragma omp parallel num_threads(threads)
   {
     _tile_loadconfig(&config);
