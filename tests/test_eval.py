@@ -58,18 +58,29 @@ def test_report_without_the_bf16_reference():
 
 
 def test_a_cached_reference_is_used_only_while_it_holds_this_machines_fp32(tmp_path, model_dir, capsys):
-    """`--cache`: reused while the first forest's fp32 recomputes to the cached bits; recomputed (and
-    rewritten) once it does not; refused for another --limit."""
+    """`--cache`: reused while the first forest's fp32 recomputes within the tolerance (the same bits
+    with tolerance 0), saying by how much it moved; recomputed (and rewritten) once it moved more;
+    refused for another --limit."""
     import pytest
     from run_eval import _read_json, _write_json, load, references
 
     cache, docs = tmp_path / "reference.json.gz", load(1)
     first = references(docs, model_dir, cache, bf16=False)
+    assert first["drift"] == 0.0
     assert references(docs, model_dir, cache, bf16=False) == first
     assert "computing the reference again" not in capsys.readouterr().out
 
     stale = _read_json(cache)
-    stale["fp32"][0][0] += 1e-7  # what a changed fp32 path, checkpoint or CPU kind would look like
+    stale["fp32"][0][0] += 1e-7  # what a kernel summing in another order, or another CPU kind, looks like
+    _write_json(cache, stale)
+    reused = references(docs, model_dir, cache, bf16=False)
+    assert reused["fp32"] == stale["fp32"] and 0 < reused["drift"] < 2e-7
+    assert "moved by at most" in capsys.readouterr().out
+    assert references(docs, model_dir, cache, bf16=False, tolerance=0.0)["fp32"] == first["fp32"]  # bits only
+    assert "computing the reference again" in capsys.readouterr().out
+
+    stale = _read_json(cache)
+    stale["fp32"][0][0] += 1e-3  # what a changed prompt, checkpoint or model looks like
     _write_json(cache, stale)
     assert references(docs, model_dir, cache, bf16=False)["fp32"] == first["fp32"]
     assert "computing the reference again" in capsys.readouterr().out
