@@ -84,12 +84,12 @@ def test_online_hadamard_is_batch_and_thread_invariant():
 @pytest.mark.parametrize("shape,block", [((301, 1536), 128), ((5, 96), 32), ((1, 256), 2), ((2, 12), 4), ((3, 64), 8),
                                          ((7, 48), 16)])
 def test_the_kernel_butterfly_equals_the_torch_one(shape, block):
-    """online_down's CPU kernel (kernels/cpu/csrc/exact_gemm.cpp) and hadamard.transform: the same bits."""
-    from kernels.cpu import exact_gemm
+    """online_down's CPU kernel (kernels/cpu/csrc/rowwise.cpp) and hadamard.transform: the same bits."""
+    from kernels.cpu import rowwise
 
     x = torch.randn(shape) * 7
     with torch_threads(2):
-        assert torch.equal(exact_gemm.hadamard_rows(x, block), hadamard.transform(x, block))
+        assert torch.equal(rowwise.hadamard_rows(x, block), hadamard.transform(x, block))
     with torch_threads(1):
         assert torch.equal(online_down(x, block), hadamard.transform(x, block))
 

@@ -34,8 +34,9 @@ import torch
 from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
 
 SOURCE = Path(__file__).parent / "csrc" / "exact_gemm.cpp"
-# the one library holds every CPU kernel: these GEMMs and tree attention (kernels/cpu/tree_attention.py)
-SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "tree_attention.cpp")
+# the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
+# and the decoder's row-wise passes (kernels/cpu/rowwise.py)
+SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("exact_gemm.cpp", "tree_attention.cpp", "rowwise.cpp"))
 PACKAGE_LIB = Path(__file__).parent / "lib"  # kernels/cpu/lib: where an export puts the built library
 PANEL = 16  # output columns per packed panel (NR in the source)
 INT32_MAX = 2**31 - 1
@@ -126,22 +127,15 @@ def load():
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
         lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 2
+        lib.prism_rms_norm.restype = None
+        lib.prism_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
+                                       ctypes.c_void_p, ctypes.c_int]
+        lib.prism_swiglu.restype = None
+        lib.prism_swiglu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
         lib.prism_hadamard_rows.restype = None
         lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         _lib = lib
     return _lib
-
-
-def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x (M, K) float32 -> x H, H block-diagonal Sylvester Hadamard of blocks of `block` (a power of
-    two dividing K), unnormalised; bit-identical to prism_backend.model.hadamard.transform (the same
-    butterfly, stage by stage), ~10x faster than torch's stage-by-stage version. A new tensor."""
-    if block & (block - 1) or x.shape[-1] % block or x.dtype != torch.float32:
-        raise ValueError(f"hadamard_rows needs float32 rows and a power-of-two block dividing them, got "
-                         f"{x.dtype} ({tuple(x.shape)}), block {block}")
-    out = x.contiguous().clone()
-    _library().prism_hadamard_rows(out.data_ptr(), out.shape[0], out.shape[1], block, torch.get_num_threads())
-    return out
 
 
 def _library():

@@ -1,16 +1,29 @@
 """Row-wise building blocks: RMSNorm, rotary embedding, SwiGLU (projections live in quant.py).
 
 Each works on one token (one row) at a time, so a token's result never depends on which other
-rows are in the batch.
+rows are in the batch. On CPUs where the kernel library loads, RMSNorm and SwiGLU run in it
+(kernels/cpu/rowwise.py: one operation order on every x86 CPU kind, where torch's vectorised
+reductions and exp follow the CPU's vector width); the torch code below is their reference and
+the GPU path.
 """
 from __future__ import annotations
 
 import torch
 
+from kernels.cpu import rowwise
+
+from . import hadamard
+
+
+def _library_runs(x: torch.Tensor) -> bool:
+    return not x.is_cuda and x.dtype == torch.float32 and rowwise.available()
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: (..., H) float32, normalised over the last dimension (as Hugging Face's LlamaRMSNorm:
     weight * (x * rsqrt(mean(x^2) + eps)), the same IEEE steps, with one output buffer)."""
+    if _library_runs(x):
+        return rowwise.rms_norm(x, weight, eps)
     inverse_rms = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # (..., 1)
     return torch.mul(x, inverse_rms).mul_(weight)
 
@@ -45,8 +58,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out
 
 
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up: (N, 2 I) with gate first -> silu(gate) * up, (N, I), in one output buffer.
+def swiglu(gate_up: torch.Tensor, hadamard_block: int = 0) -> torch.Tensor:
+    """gate_up: (N, 2 I) with gate first -> silu(gate) * up, (N, I), in one output buffer; with
+    hadamard_block (a rotated model's down_block) then times down_proj's online block-diagonal
+    Hadamard (rotation.online_down), in the kernel library's same pass.
 
     SiLU is written as gate / (1 + exp(-gate)) rather than F.silu: F.silu's vectorised loop and its
     scalar loop (the last < 16 elements of each thread's share of the tensor) round differently in
@@ -54,7 +69,10 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     the thread count. torch.exp gives every element the same bits wherever it sits (checked in
     tests/test_thread_invariance.py), and negation, addition, division and the product with `up`
     are exact IEEE steps. In place on one buffer: ~0.8x the time of the out-of-place expression."""
+    if _library_runs(gate_up) and hadamard_block & (hadamard_block - 1) == 0:
+        return rowwise.swiglu(gate_up, hadamard_block)
     gate, up = gate_up.chunk(2, dim=-1)
     out = torch.neg(gate)
     torch.div(gate, out.exp_().add_(1.0), out=out)
-    return out.mul_(up)
+    out.mul_(up)
+    return hadamard.transform(out, hadamard_block) if hadamard_block else out

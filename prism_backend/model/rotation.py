@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from kernels.cpu import exact_gemm
+from kernels.cpu import rowwise
 
 from ..reproducibility import torch_threads
 from . import hadamard
@@ -81,8 +81,8 @@ def online_down(x: torch.Tensor, block: int) -> torch.Tensor:
     ModelWeights.down_block, unnormalised: the per-token quantiser that follows is scale-free, and
     down's weight holds the 1/block). Sums and differences in a fixed order: batch-, thread- and
     CPU-invariant. On CPUs the kernel library's butterfly computes it (the same operations, faster)."""
-    if not x.is_cuda and block & (block - 1) == 0 and exact_gemm.load() is not None:
-        return exact_gemm.hadamard_rows(x.reshape(-1, x.shape[-1]), block).view(x.shape)
+    if not x.is_cuda and block & (block - 1) == 0 and rowwise.available():
+        return rowwise.hadamard_rows(x.reshape(-1, x.shape[-1]), block).view(x.shape)
     return hadamard.transform(x, block)
 
 

@@ -19,7 +19,6 @@ from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
 from .loader import LayerWeights, ModelWeights
 from .spec import ModelSpec
 from .quant import make_linear
-from .rotation import online_down
 
 
 class Projections:
@@ -74,8 +73,9 @@ class ForestTransformer:
 
     def _mlp_block(self, h: torch.Tensor, lw: LayerWeights, p: Projections) -> torch.Tensor:
         n = rms_norm(h, lw.post_norm, self.spec.rms_norm_eps)
-        mlp = swiglu(p.gate_up(n))  # (n, I)
-        return h + p.down(online_down(mlp, self.w.down_block) if self.w.down_block else mlp)
+        # (n, I); in a rotated model times down_proj's online Hadamard (rotation.online_down), same pass
+        mlp = swiglu(p.gate_up(n), self.w.down_block or 0)
+        return h + p.down(mlp)
 
     def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
         """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""

@@ -354,54 +354,6 @@ void prism_quantize_rows_u8(const float* x, int m, int k, int bound, uint8_t* q,
 
 }  // extern "C"
 
-// In-place Walsh-Hadamard transform of each row of x (m, k) in blocks of `block` (a power of two,
-// dividing k): x -> x H_block per block, unnormalised. Butterfly stages from the widest stride
-// (block / 2) to 1, each pair (a, b) -> (a + b, a - b): the operations, in the order, of
-// prism_backend/model/hadamard.transform, so the bits equal torch's whatever the vector width.
-// Strides of 8 and more run on 8 pairs per instruction; the last three stages (strides 4, 2, 1)
-// inside each register of 8 consecutive elements (hadamard_last3), with the same sums and
-// differences: a + b = b + a exactly, and each difference is taken in the butterfly's order.
-namespace {
-inline __m256 hadamard_last3(__m256 v) {
-  __m256 s = _mm256_permute2f128_ps(v, v, 1);                         // stride 4: s = v's halves swapped
-  v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xF0);  // lanes 0-3: a + b, 4-7: a - b
-  s = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));                    // stride 2
-  v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xCC);
-  s = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));                    // stride 1
-  return _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
-}
-
-inline void butterfly(float* row, int b0, int block, int h) {
-  for (int i = b0; i < b0 + block; i += 2 * h)
-    for (int j = i; j < i + h; ++j) {
-      const float a = row[j], c = row[j + h];
-      row[j] = a + c;
-      row[j + h] = a - c;
-    }
-}
-}  // namespace
-
-extern "C" void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int r = 0; r < m; ++r) {
-    float* row = x + static_cast<int64_t>(r) * k;
-    for (int b0 = 0; b0 < k; b0 += block) {
-      int h = block / 2;
-      for (; h >= 8; h /= 2)
-        for (int i = b0; i < b0 + block; i += 2 * h)
-          for (int j = i; j < i + h; j += 8) {
-            const __m256 a = _mm256_loadu_ps(row + j), c = _mm256_loadu_ps(row + j + h);
-            _mm256_storeu_ps(row + j, _mm256_add_ps(a, c));
-            _mm256_storeu_ps(row + j + h, _mm256_sub_ps(a, c));
-          }
-      if (h == 4)  // a block of 8 or more: its last three stages in registers
-        for (int i = b0; i < b0 + block; i += 8) _mm256_storeu_ps(row + i, hadamard_last3(_mm256_loadu_ps(row + i)));
-      else
-        for (; h >= 1; h /= 2) butterfly(row, b0, block, h);  // blocks of 2 or 4
-    }
-  }
-}
-
 extern "C" {
 
 // Per-row symmetric quantisation (prism_quantize_rows' integers and scales) split into `passes` base-128

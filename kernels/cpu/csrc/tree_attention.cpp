@@ -38,81 +38,17 @@ struct Item {
 };
 
 
-// exp(x) for x <= 0 (scores minus their maximum), in float32: x = n ln2 + r with n = round(x / ln2)
-// and r by Cody-Waite in two steps, exp(r) = 1 + r + r^2 P(r) (Cephes' degree-5 P, Horner with
-// FMAs), times 2^n. Accurate to ~2 ulp; below -87.3 it returns 0 (such a key's weight underflows).
-// Written once over the width's operations, so both widths compute it with the same steps.
-#define PRISM_EXP_BODY                                                                     \
-  x = max(x, set1(-87.3f));                                                                \
-  const Vec n = round(mul(x, set1(1.44269504088896341f)));                                 \
-  Vec r = fnma(n, set1(0.693359375f), x);                                                  \
-  r = fnma(n, set1(-2.12194440e-4f), r);                                                   \
-  Vec p = set1(1.9875691500e-4f);                                                          \
-  p = fma(p, r, set1(1.3981999507e-3f));                                                   \
-  p = fma(p, r, set1(8.3334519073e-3f));                                                   \
-  p = fma(p, r, set1(4.1665795894e-2f));                                                   \
-  p = fma(p, r, set1(1.6666665459e-1f));                                                   \
-  p = fma(p, r, set1(5.0000001201e-1f));                                                   \
-  p = fma(p, mul(r, r), r);                                                                \
-  p = add(p, set1(1.0f));                                                                  \
-  return mul(p, pow2(n));
+#include "vec.h"
 
 namespace avx2 {
-using Vec = __m256;
-constexpr int W = 8, ROWS = 4;  // 4 rows: 8 accumulators + 2 loads + broadcasts in 16 registers
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec set1(float x) { return _mm256_set1_ps(x); }
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec fnma(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
-inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
-inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-inline Vec round(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline Vec pow2(Vec n) {  // 2^n for integral n in [-126, 127]
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
-inline Vec exp(Vec x) { PRISM_EXP_BODY }
-inline Vec keep_first(Vec p, int count) {  // lanes >= count set to 0
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes)));
-}
-inline __m256 add_in_order(__m256 sum, Vec p) { return _mm256_add_ps(sum, p); }
+constexpr int ROWS = 4;  // query rows per group: 8 accumulators + 2 loads + broadcasts in 16 registers
 #include "tree_attention_body.inc"
 }  // namespace avx2
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512dq,avx512vl,avx512bw")
 namespace avx512 {
-using Vec = __m512;
-constexpr int W = 16, ROWS = 8;  // 8 rows: 16 accumulators of AVX-512's 32 registers
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec set1(float x) { return _mm512_set1_ps(x); }
-inline Vec zero() { return _mm512_setzero_ps(); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec fnma(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
-inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
-inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-inline Vec round(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline Vec pow2(Vec n) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-}
-inline Vec exp(Vec x) { PRISM_EXP_BODY }
-inline Vec keep_first(Vec p, int count) {
-  const __mmask16 keep = count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count > 0 ? count : 0)) - 1);
-  return _mm512_maskz_mov_ps(keep, p);
-}
-inline __m256 add_in_order(__m256 sum, Vec p) {  // keys j..j+7, then j+8..j+15: AVX2's order
-  sum = _mm256_add_ps(sum, _mm512_castps512_ps256(p));
-  return _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
-}
+constexpr int ROWS = 8;  // 16 accumulators of AVX-512's 32 registers
 #include "tree_attention_body.inc"
 }  // namespace avx512
 #pragma GCC pop_options

@@ -1,0 +1,126 @@
+// Row-wise passes of the decoder with one operation order on every x86 CPU kind (the AVX2 + FMA
+// instructions only, so an AVX2-only EPYC and an AVX-512 Xeon give the same bits), each row by one
+// thread (batch- and thread-count invariant):
+//   prism_rms_norm       y = (x * (1 / sqrt(sum(x^2) / H + eps))) * w, the sum of squares in eight
+//                        partial sums (element j into sum j mod 8, in order) added in a fixed tree
+//   prism_swiglu         silu(gate) * up = (gate / (1 + exp(-gate))) * up with vec.h's exp, and, with a
+//                        block, the Hadamard butterfly below on the row (down_proj's input) in the same pass
+//   prism_hadamard_rows  the block-diagonal Walsh-Hadamard transform of model/hadamard.transform
+// The library is built with -ffp-contract=off: every multiply and add rounds as written.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+namespace {
+#include "vec.h"
+using namespace avx2;
+
+inline float fixed_tree(__m256 sum) {  // ((0+4)+(2+6))+((1+5)+(3+7)), as the attention kernel's sum
+  alignas(32) float part[8];
+  _mm256_store_ps(part, sum);
+  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+}
+
+// In-place Walsh-Hadamard transform of each row of x (m, k) in blocks of `block` (a power of two,
+// dividing k): x -> x H_block per block, unnormalised. Butterfly stages from the widest stride
+// (block / 2) to 1, each pair (a, b) -> (a + b, a - b): the operations, in the order, of
+// prism_backend/model/hadamard.transform, so the bits equal torch's whatever the vector width.
+// Strides of 8 and more run on 8 pairs per instruction; the last three stages (strides 4, 2, 1)
+// inside each register of 8 consecutive elements (hadamard_last3), with the same sums and
+// differences: a + b = b + a exactly, and each difference is taken in the butterfly's order.
+inline __m256 hadamard_last3(__m256 v) {
+  __m256 s = _mm256_permute2f128_ps(v, v, 1);                         // stride 4: s = v's halves swapped
+  v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xF0);  // lanes 0-3: a + b, 4-7: a - b
+  s = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));                    // stride 2
+  v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xCC);
+  s = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));                    // stride 1
+  return _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
+}
+
+inline void butterfly(float* row, int b0, int block, int h) {
+  for (int i = b0; i < b0 + block; i += 2 * h)
+    for (int j = i; j < i + h; ++j) {
+      const float a = row[j], c = row[j + h];
+      row[j] = a + c;
+      row[j + h] = a - c;
+    }
+}
+
+inline void hadamard_row(float* row, int k, int block) {
+  for (int b0 = 0; b0 < k; b0 += block) {
+    int h = block / 2;
+    for (; h >= 8; h /= 2)
+      for (int i = b0; i < b0 + block; i += 2 * h)
+        for (int j = i; j < i + h; j += 8) {
+          const __m256 a = _mm256_loadu_ps(row + j), c = _mm256_loadu_ps(row + j + h);
+          _mm256_storeu_ps(row + j, _mm256_add_ps(a, c));
+          _mm256_storeu_ps(row + j + h, _mm256_sub_ps(a, c));
+        }
+    if (h == 4)  // a block of 8 or more: its last three stages in registers
+      for (int i = b0; i < b0 + block; i += 8) _mm256_storeu_ps(row + i, hadamard_last3(_mm256_loadu_ps(row + i)));
+    else
+      for (; h >= 1; h /= 2) butterfly(row, b0, block, h);  // blocks of 2 or 4
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) hadamard_row(x + (int64_t)r * k, k, block);
+}
+
+// x, out: (m, h) float32; w: (h,). See the top of the file.
+void prism_rms_norm(const float* x, int m, int h, const float* w, float eps, float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) {
+    const float* row = x + (int64_t)r * h;
+    float* dst = out + (int64_t)r * h;
+    __m256 sum = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= h; j += 8) {
+      const __m256 v = _mm256_loadu_ps(row + j);
+      sum = _mm256_add_ps(sum, _mm256_mul_ps(v, v));
+    }
+    alignas(32) float tail[8] = {};
+    for (int t = 0; j + t < h; ++t) tail[t] = row[j + t] * row[j + t];
+    if (j < h) sum = _mm256_add_ps(sum, _mm256_load_ps(tail));  // the rest in their lanes; +0 elsewhere
+    const float inverse = 1.0f / sqrtf(fixed_tree(sum) / (float)h + eps);
+    const __m256 vi = _mm256_set1_ps(inverse);
+    for (j = 0; j + 8 <= h; j += 8)
+      _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), vi), _mm256_loadu_ps(w + j)));
+    for (; j < h; ++j) dst[j] = (row[j] * inverse) * w[j];
+  }
+}
+
+// gate_up: (m, 2 i) float32, gate first; out: (m, i) = silu(gate) * up, then the Hadamard butterfly
+// in blocks of `block` on each row where block > 0 (a power of two dividing i).
+void prism_swiglu(const float* gate_up, int m, int i, int block, float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) {
+    const float* gate = gate_up + (int64_t)r * 2 * i;
+    const float* up = gate + i;
+    float* dst = out + (int64_t)r * i;
+    int j = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; j + 8 <= i; j += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + j);
+      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_xor_ps(g, sign))));
+      _mm256_storeu_ps(dst + j, _mm256_mul_ps(silu, _mm256_loadu_ps(up + j)));
+    }
+    if (j < i) {  // the tail through the same vector steps, in lanes of a zero-padded vector
+      alignas(32) float g8[8] = {}, u8[8] = {}, o8[8];
+      for (int t = 0; j + t < i; ++t) g8[t] = gate[j + t], u8[t] = up[j + t];
+      const __m256 g = _mm256_load_ps(g8);
+      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_xor_ps(g, sign))));
+      _mm256_store_ps(o8, _mm256_mul_ps(silu, _mm256_load_ps(u8)));
+      for (int t = 0; j + t < i; ++t) dst[j + t] = o8[t];
+    }
+    if (block > 0) hadamard_row(dst, i, block);
+  }
+}
+
+}  // extern "C"

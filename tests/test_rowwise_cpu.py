@@ -1,0 +1,79 @@
+"""The decoder's row-wise passes in the kernel library (kernels/cpu/rowwise.py): RMSNorm and SwiGLU (with
+down_proj's online Hadamard fused) against float64, and bits that depend on nothing but the row: not
+the other rows, not the thread count, not the CPU kind (committed digests, recomputed here)."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from helpers import needs
+
+from kernels.cpu import rowwise
+from prism_backend.model import hadamard, layers
+from prism_backend.reproducibility import torch_threads
+
+pytestmark = needs("avx2")  # the kernel library is built for x86 CPUs with AVX2 + FMA
+
+
+def integer_valued(shape, seed: int, scale: float) -> torch.Tensor:
+    """Inputs every machine generates to the bit (torch's integer RNG is the same on every CPU)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-512, 513, shape, generator=gen).float() * scale
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("h", [576, 577, 5, 64])
+def test_rms_norm_is_the_float64_one_to_float32_rounding(h):
+    x, w = integer_valued((37, h), h, 1 / 64), integer_valued((h,), h + 1, 1 / 256)
+    got = rowwise.rms_norm(x, w, 1e-5)
+    x64 = x.double()
+    expected = x64 * (x64.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * w.double()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(layers.rms_norm(x, w, 1e-5), got)  # what the model runs on this CPU
+
+
+@pytest.mark.parametrize("i, block", [(1536, 128), (1536, 0), (13, 0), (24, 8)])
+def test_swiglu_is_the_float64_one_and_fuses_the_hadamard(i, block):
+    gate_up = integer_valued((29, 2 * i), i, 1 / 64)
+    got = rowwise.swiglu(gate_up, block)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    expected = gate / (1 + torch.exp(-gate)) * up
+    if block:
+        assert torch.equal(got, hadamard.transform(rowwise.swiglu(gate_up), block))  # the same pass's bits
+        expected = hadamard.transform(expected, block)
+    # float32 sums of 128 terms of both signs: within a few ulp of the row's largest value
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max()))
+    assert torch.equal(layers.swiglu(gate_up, block), got)
+
+
+def test_a_rows_bits_depend_on_nothing_else():
+    x, w = integer_valued((301, 576), 1, 1 / 64), integer_valued((576,), 2, 1 / 256)
+    gate_up = integer_valued((301, 3072), 3, 1 / 64)
+    with torch_threads(1):
+        norm, mlp = rowwise.rms_norm(x, w, 1e-5), rowwise.swiglu(gate_up, 128)
+    for threads in (2, 3, 4):
+        with torch_threads(threads):
+            assert torch.equal(rowwise.rms_norm(x, w, 1e-5), norm)
+            assert torch.equal(rowwise.swiglu(gate_up, 128), mlp)
+    for rows in (slice(0, 1), slice(17, 40), slice(300, 301)):
+        assert torch.equal(rowwise.rms_norm(x[rows], w, 1e-5), norm[rows])
+        assert torch.equal(rowwise.swiglu(gate_up[rows], 128), mlp[rows])
+
+
+# sha256 of the outputs of test_the_same_bits_on_every_cpu_kind's inputs, computed on an Intel Xeon
+# (AVX-512 VNNI + BF16 + AMX) on 2026-12-02; every x86-64 CPU with AVX2 + FMA must reproduce them.
+GOLDEN_RMS_NORM = "2fa5264b14e564e9307a61ab392e6774102020582e74ab569e3ae9e2519f5243"
+GOLDEN_SWIGLU = "d3b532fde130abe00f0d55b37b01a81fb1a3fb01c4d2aea23f353ddae3e0fce8"
+
+
+def test_the_same_bits_on_every_cpu_kind():
+    """AVX2 + FMA instructions only, each IEEE-defined, one order, the library's own exp: the same
+    bits on every x86 CPU kind. Committed digests of fixed inputs' outputs, recomputed here."""
+    x, w = integer_valued((33, 577), 7, 1 / 64), integer_valued((577,), 8, 1 / 256)
+    gate_up = integer_valued((33, 3072), 9, 1 / 32)
+    assert digest(rowwise.rms_norm(x, w, 1e-5)) == GOLDEN_RMS_NORM
+    assert digest(rowwise.swiglu(gate_up, 128)) == GOLDEN_SWIGLU
