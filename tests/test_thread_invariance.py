@@ -59,11 +59,15 @@ def test_swiglu(rows, width):
     assert len(bits_per_thread_count(lambda: swiglu(gate_up))) == 1
 
 
-def test_swiglu_and_rms_norm_are_the_reference_expressions_bit_for_bit():
-    """The in-place forms compute the textbook expressions' IEEE steps: the same bits as
+def test_swiglu_and_rms_norm_are_the_reference_expressions_bit_for_bit(monkeypatch):
+    """The torch forms (the GPU path, and CPUs without the kernel library; the library's forms are
+    tests/test_rowwise_cpu.py's) compute the textbook expressions' IEEE steps: the same bits as
     gate / (1 + exp(-gate)) * up and as Hugging Face's LlamaRMSNorm."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    from prism_backend.model import layers
+
+    monkeypatch.setattr(layers, "_library_runs", lambda x: False)
     gate_up = torch.randn(97, 2 * 1531) * 6
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.equal(swiglu(gate_up).view(torch.int32), (gate / (1.0 + torch.exp(-gate)) * up).view(torch.int32))
