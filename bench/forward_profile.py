@@ -4,7 +4,7 @@
 
 Each step of the decoder (prism_backend/model/transformer.py) is wrapped with a wall-clock timer:
 every projection by name (its quantisation, integer product and epilogue included: the kernels fuse
-them), attention, RMSNorm, rotary embedding, SwiGLU, the online Hadamard before down_proj, the K/V
+them), attention, RMSNorm, rotary embedding, SwiGLU (with the online Hadamard before down_proj), the K/V
 concatenation; "forest, scoring, rest" is the time of `decide_many` outside the decoder's steps
 (tokenising, the forest, the embedding lookup, the residual adds, candidate scoring, Python). The
 steps run synchronously on the CPU, so their times add up to the forward's. 2 threads, prefix cache
@@ -28,7 +28,7 @@ from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH
 from prism_backend.serving.pipeline import DecisionPipeline
 
 PROJECTIONS = ("qkv", "q", "kv", "o", "gate_up", "down")
-STEPS = ("rms_norm", "apply_rotary", "swiglu", "online_down", "_extend")  # module-level functions of transformer.py
+STEPS = ("rms_norm", "apply_rotary", "swiglu", "_extend")  # module-level functions of transformer.py (swiglu includes the online Hadamard)
 totals: dict[str, float] = defaultdict(float)  # step -> seconds in the current run
 
 
