@@ -28,7 +28,8 @@ from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH
 from prism_backend.serving.pipeline import DecisionPipeline
 
 PROJECTIONS = ("qkv", "q", "kv", "o", "gate_up", "down")
-STEPS = ("rms_norm", "apply_rotary", "swiglu", "_extend")  # module-level functions of transformer.py (swiglu includes the online Hadamard)
+# module-level functions of transformer.py (swiglu includes the online Hadamard)
+STEPS = ("rms_norm", "apply_rotary", "swiglu", "_extend")
 totals: dict[str, float] = defaultdict(float)  # step -> seconds in the current run
 
 
