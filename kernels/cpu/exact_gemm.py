@@ -33,10 +33,10 @@ import torch
 
 from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
 
-SOURCE = Path(__file__).parent / "csrc" / "exact_gemm.cpp"
+CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
-# and the decoder's row-wise passes (kernels/cpu/rowwise.py)
-SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("exact_gemm.cpp", "tree_attention.cpp", "rowwise.cpp"))
+# and the decoder's row-wise passes (kernels/cpu/rowwise.py); the headers they include are in CSRC too
+SOURCES = tuple(CSRC / name for name in ("exact_gemm.cpp", "tree_attention.cpp", "rowwise.cpp"))
 PACKAGE_LIB = Path(__file__).parent / "lib"  # kernels/cpu/lib: where an export puts the built library
 PANEL = 16  # output columns per packed panel (NR in the source)
 INT32_MAX = 2**31 - 1
@@ -58,8 +58,7 @@ def _cache_dirs() -> list[Path]:
 
 
 def library_name() -> str:
-    sources = sorted(SOURCE.parent.iterdir())  # the .cpp files and what they include
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(FLAGS).encode())
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sorted(CSRC.iterdir())) + " ".join(FLAGS).encode())
     return f"exact_gemm-{digest.hexdigest()[:16]}.so"
 
 
@@ -333,8 +332,9 @@ class PackedWeight8:
         m = x_int.shape[0]
         if x_int.dtype == torch.uint8:
             xu = x_int
-        else:
-            xu = torch.full((m, 4 * self.kquads), VNNI_ZERO_POINT, dtype=torch.uint8)
+        else:  # the AMX kernel's padding rows allocated with the operand
+            rows = -(-m // AMX_ROWS) * AMX_ROWS if self.amx else m
+            xu = torch.full((rows, 4 * self.kquads), VNNI_ZERO_POINT, dtype=torch.uint8)[:m]
             xu[:, : self.k] = (x_int.to(torch.int16) + VNNI_ZERO_POINT).to(torch.uint8)
         xu = self._padded_rows(xu) if self.amx else xu.contiguous()
         kernel = lib.prism_vnni8_gemm

@@ -75,6 +75,12 @@ def has_avx512_vnni() -> bool:
     return flags is not None and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
 
 
+def has_avx512() -> bool:
+    """Whether this CPU runs AVX-512 F/DQ/VL/BW (tree attention's 16-lane instance)."""
+    flags = cpu_flags()
+    return flags is not None and {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= flags
+
+
 def has_amx_int8() -> bool:
     """Whether this CPU has Intel's AMX tiles with int8 products (the 8-bit kernel's AMX variant)."""
     flags = cpu_flags()

@@ -10,13 +10,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu.exact_gemm import _library, load
-from kernels.cpu.features import cpu_flags
-
-
-def has_avx512() -> bool:
-    """Whether the kernel's AVX-512 instance runs here (the same bits as its AVX2 one); PRISM_CPU_ISA=avx2
-    hides the flags, so the AVX2 instance runs."""
-    return {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= (cpu_flags() or frozenset())
+from kernels.cpu.features import has_avx512
 
 HEAD_DIM = 64  # the kernel's head dimension (1 / sqrt(64) is a power of two: q's scaling is exact)
 

@@ -45,8 +45,9 @@ The route is chosen once per process, pass counts and weight shape, by timing ev
 run here on that projection and taking the fastest. On an AVX2 CPU without VNNI that is `int16`. On
 an AVX-512 VNNI EPYC it was `int16` for two passes and `vnni8` for one pass a side (oneDNN's int8
 products there are no faster than `vnni8`, and the unfused `int_mm` made one layer's 13-bit
-projections 3.6x slower than fp32, bench/isa_peak.py). On an Intel Xeon with AMX (bench/gemm_routes.py)
-`int_mm` wins for one pass a side and for down_proj's 13 bits, `int16` for gate_up's 13 bits.
+projections 3.6x slower than fp32, bench/isa_peak.py). On an Intel Xeon with AMX the engine chose
+`amx8` or `amx_digits` for one pass a side and `amx_digits` for 13 bits (bench/forward_profile.py
+prints the routes it chose), `int_mm` coming close on the smaller shapes.
 Timing noise can only pick a slower route, never other bits.
 PRISM_EXACT_ROUTE (older name: PRISM_INT8_ROUTE, still read) forces one route for every pass count
 (tests, benchmarks).
@@ -225,28 +226,24 @@ class ExactWeight:
         if self.route == "int16" and not exact_gemm.fits(self.x_bound, self.w_bound):
             self.route = "float"  # three activation passes: integers beyond int16
         self.digits = None  # (K, N) int8 each, most significant first: int_mm and the Triton-lang kernel
-        self.int16 = self.vnni8 = self.onednn = self.amx_digits = self.fp32_chunks = self.fp64 = None
+        # the weight of a kernel that also quantises and dequantises (int16, vnni8 / amx8, amx_digits,
+        # or int_mm with the kernel library's quantiser and epilogue), or None
+        self.fused = self.fp32_chunks = self.fp64 = None
         if self.route == "int_mm":
             self.digits = int8_passes(w_int, weight_passes)
-            if not w_int.is_cuda and exact_gemm.load() is not None:  # quantiser and epilogue fused
-                self.onednn = exact_gemm.DigitWeight(self.digits, act_passes)
+            if not w_int.is_cuda and exact_gemm.load() is not None:
+                self.fused = exact_gemm.DigitWeight(self.digits, act_passes)
         elif self.route == "amx_digits":
             self.digits = int8_passes(w_int, weight_passes)
-            self.amx_digits = exact_gemm.AmxDigitWeight(self.digits, act_passes)
+            self.fused = exact_gemm.AmxDigitWeight(self.digits, act_passes)
         elif self.route == "int16":
-            self.int16 = exact_gemm.PackedWeight(w_int, self.w_bound)
+            self.fused = exact_gemm.PackedWeight(w_int, self.w_bound)
         elif self.route in ("vnni8", "amx8"):
-            self.vnni8 = exact_gemm.PackedWeight8(w_int, amx=self.route == "amx8")
+            self.fused = exact_gemm.PackedWeight8(w_int, amx=self.route == "amx8")
         elif act_passes == weight_passes == 1:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
         else:
             self.fp64 = w_int.double()  # (K, N) float64
-
-    @property
-    def fused(self):
-        """The weight of a kernel that also quantises and dequantises (int16, vnni8 / amx8, amx_digits,
-        or int_mm with the kernel library's quantiser and epilogue), or None."""
-        return next((w for w in (self.int16, self.vnni8, self.onednn, self.amx_digits) if w is not None), None)
 
     def int8_digits(self) -> list[torch.Tensor]:
         """W's int8 passes (the Triton-lang kernel's operands), made from this route's copy on first use."""

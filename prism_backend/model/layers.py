@@ -12,7 +12,7 @@ import torch
 
 from kernels.cpu import rowwise
 
-from . import hadamard
+from .rotation import online_down
 
 
 def _library_runs(x: torch.Tensor) -> bool:
@@ -75,4 +75,4 @@ def swiglu(gate_up: torch.Tensor, hadamard_block: int = 0) -> torch.Tensor:
     out = torch.neg(gate)
     torch.div(gate, out.exp_().add_(1.0), out=out)
     out.mul_(up)
-    return hadamard.transform(out, hadamard_block) if hadamard_block else out
+    return online_down(out, hadamard_block) if hadamard_block else out
