@@ -3,8 +3,8 @@
     .venv/bin/python bench/precision_bench.py [--repeats 5] [--limit 16]
 
 Rungs: fp32; `exact` (13-bit integers, SmoothQuant); `int8` with nothing kept exact (rotated model,
-GPTQ 8-bit weights, 8-bit activations, every projection); the default, int8 with down kept exact
-(EngineConfig.keep_exact: 75% of the MACs in 8 bits); plain round-to-nearest W8A8 on the unrotated model (the
+GPTQ 8-bit weights, 8-bit activations, every projection); int8 with down kept exact (75% of the
+MACs in 8 bits); the default plan (EngineConfig.keep_exact); plain round-to-nearest W8A8 on the unrotated model (the
 exact scheme with one pass a side). Speed: the same forests (bench/workloads.py (a) and (b), prefix
 cache off) through every engine, repeats interleaved so machine noise hits all alike, medians.
 Accuracy: the first `--limit` documents of each eval file (evals/run_eval.py; its fp32 and bf16
@@ -41,7 +41,9 @@ def rungs(base: EngineConfig) -> dict[str, EngineConfig]:
         "fp32": base.replace(precision="fp32"),
         "exact (13 x 13 bits)": base.replace(precision="exact"),
         "int8, nothing kept exact": base.replace(precision="int8", keep_exact=""),
-        "int8, down kept exact (the default)": base.replace(precision="int8", keep_exact="down"),
+        "int8, down kept exact": base.replace(precision="int8", keep_exact="down"),
+        f"int8, the default (keep_exact={EngineConfig.keep_exact!r})": base.replace(precision="int8",
+                                                                                    keep_exact=EngineConfig.keep_exact),
         "plain W8A8 (round to nearest, unrotated)": base.replace(precision="exact", act_passes=1, weight_passes=1),
     }
 

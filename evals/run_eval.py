@@ -134,7 +134,6 @@ def evaluate(docs: list[dict], model_dir: Path, int8_config: dict, cache: Path |
     probs = {name: [np.array(p, np.float32) for p in ref[name]] for name in ("fp32", *others)}
     probs["int8"] = [np.array(list(d["probabilities"].values()), np.float32) for d in int8]
 
-    timings["drift"] = ref.get("drift", 0.0)  # (not a time: the report states it apart)
     per_set: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     for i, (set_name, label) in enumerate(meta):
         row = per_set[set_name]

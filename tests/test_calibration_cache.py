@@ -106,3 +106,17 @@ def test_an_unwritable_cache_only_costs_time(tiny_model_dir, tmp_path, monkeypat
     model = tiny_model_dir("qwen2")
     first = stats_of(model)
     assert same(stats_of(model), first) and len(calibrations) == 2
+
+
+def test_an_edited_kernel_source_changes_the_key(tiny_model_dir, tmp_path, monkeypatch):
+    """The calibration forward runs Prism's CPU kernels: an edit to their C++ (or Python) must miss
+    the cache, as an edit to the engine does."""
+    kernels = tmp_path / "kernels"
+    shutil.copytree(calibration.KERNELS_ROOT, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(calibration, "KERNELS_ROOT", kernels)
+    model_dir = tiny_model_dir("llama_tied")
+    before = calibration.cache_key(model_dir)
+    assert calibration.cache_key(model_dir) == before
+    source = next((kernels / "cpu" / "csrc").glob("*.cpp"))
+    source.write_text(source.read_text() + "\n// edited\n")
+    assert calibration.cache_key(model_dir) != before

@@ -197,12 +197,13 @@ def test_the_old_8_bit_rung_names_the_new_precisions(tmp_path):
     EngineConfig(model_dir=tmp_path, precision="exact", act_passes=1, weight_passes=1)
 
 
-def test_the_default_plan_keeps_down_exact_and_an_empty_parameter_keeps_nothing(tmp_path):
+def test_the_default_plan_keeps_down_and_qkv_exact_and_an_empty_parameter_keeps_nothing(tmp_path):
     """The default plan is the one the full eval measured better than bf16 (docs/eval.md); the
     parameter set to "" (`prism serve --parameter keep_exact=`) is every projection in 8 bits."""
     default = EngineConfig(model_dir=tmp_path)
-    assert default.precision == "int8" and default.exact_plan == (("down", None),)
-    assert all(default.keeps_exact("down", layer) and not default.keeps_exact("qkv", layer) for layer in range(30))
+    assert default.precision == "int8" and default.exact_plan == (("down", None), ("qkv", None))
+    assert all(default.keeps_exact("down", layer) and default.keeps_exact("qkv", layer)
+               and not default.keeps_exact("o", layer) and not default.keeps_exact("gate_up", layer) for layer in range(30))
     everything_8bit = EngineConfig.from_parameters({"model_dir": str(tmp_path), "keep_exact": ""})
     assert everything_8bit.exact_plan == () and not everything_8bit.keeps_exact("down", 0)
 

@@ -14,7 +14,7 @@ The cache: statistics and integers are a pure function of the checkpoint, Prism'
 libraries that run its fp32 forward, so a stored copy is what a new computation would give, bit for bit --
 provided the copy is keyed by all of them. The key hashes: config.json, the name, size and
 modification time of every *.safetensors file (not their contents: hashing a 14 GB checkpoint on
-every start would cost more than calibrating), the source of the prism_backend package, the torch
+every start would cost more than calibrating), the source of the prism_backend and kernels packages, the torch
 and transformers versions and the CPU's vector capability (MKL's strict CNR mode reproduces a
 product only on one code path). Anything else -- another checkpoint, an edited module, another
 torch -- misses and calibrates again. Why it matters: an int8 engine build spends ~5 s of its ~14 s
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+import kernels
 import prism_backend
 
 from ..config import EngineConfig
@@ -146,6 +147,7 @@ def _integers_from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict]:
 
 # ---- the cache -----------------------------------------------------------------------------------
 PACKAGE_ROOT = Path(prism_backend.__file__).resolve().parent
+KERNELS_ROOT = Path(kernels.__file__).resolve().parent
 OFF = "off"
 SMOOTHING, GPTQ = "", "-gptq"  # what an entry holds, as its file name's suffix
 
@@ -158,9 +160,12 @@ def cache_dir() -> Path | None:
 
 
 def _source_digest() -> str:
+    """The engine's Python source and the kernels' (Python and C++: the calibration forward runs
+    Prism's CPU attention and row-wise passes, so a kernel edit can move its activations)."""
     digest = hashlib.sha256()
-    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
-        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+    for root, patterns in ((PACKAGE_ROOT, ("*.py",)), (KERNELS_ROOT, ("*.py", "*.cpp", "*.h", "*.inc"))):
+        for path in sorted(p for pattern in patterns for p in root.rglob(pattern)):
+            digest.update(f"{root.name}/{path.relative_to(root)}".encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
