@@ -25,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "evals" / "data"
 
+from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
 from prism_launcher.reference import HFReference  # noqa: E402
@@ -199,7 +200,8 @@ def main() -> None:
     defaults = EngineConfig(model_dir=args.model_dir, **int8_config)
     text = (f"# INT8 accuracy parity ({args.model_dir.name})\n\n"
             f"`.venv/bin/python evals/run_eval.py{'' if args.limit is None else f' --limit {args.limit}'}"
-            f"{' --no-bf16' if args.no_bf16 else ''}`; "
+            f"{' --no-bf16' if args.no_bf16 else ''}` on {machine()}, {torch.get_num_threads()} threads, "
+            f"{time.strftime('%Y-%m-%d')}; "
             + (f"int8 = precision int8, keep_exact={defaults.keep_exact!r}\n\n" if defaults.precision == "int8" else
                f"int8 = precision exact, act_passes={defaults.act_passes}, weight_passes={defaults.weight_passes}, "
                f"smooth_alpha={defaults.smooth_alpha}\n\n")
