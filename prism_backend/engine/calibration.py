@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-import kernels
 import prism_backend
 
 from ..config import EngineConfig
 from ..forest import EncodedRequest
+from ..model.kernel_sources import KERNELS_ROOT
 from ..model.loader import load_model
 from ..model.spec import ModelSpec
 from ..model.transformer import ForestTransformer
@@ -147,7 +147,6 @@ def _integers_from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict]:
 
 # ---- the cache -----------------------------------------------------------------------------------
 PACKAGE_ROOT = Path(prism_backend.__file__).resolve().parent
-KERNELS_ROOT = Path(kernels.__file__).resolve().parent
 OFF = "off"
 SMOOTHING, GPTQ = "", "-gptq"  # what an entry holds, as its file name's suffix
 
