@@ -266,10 +266,12 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
         # the triton run: all-rows attention in layer 0, answers-only in the last layer; integer GEMMs
         # qkv, o, gate_up, down per layer, the last layer's q and kv apart: one call each for 8-bit
         # integers, two for the exact scheme's two passes a side (the second: later activation passes
-        # x the weight's second pass) -- int8's default plan keeps down exact, one more call a layer
-        projections = 4 * (layers - 1) + 5
+        # x the weight's second pass) -- int8's default plan keeps some exact: one more call for each
+        names = [["qkv", "o", "gate_up", "down"]] * (layers - 1) + [["qkv", "qkv", "o", "gate_up", "down"]]  # q, kv
+        projections = sum(map(len, names))
+        kept_exact = sum(config.keeps_exact(name, layer) for layer, row in enumerate(names) for name in row)
         assert calls["attention"] == layers
-        assert calls["gemm"] == {"fp32": 0, "int8": projections + layers, "exact": 2 * projections}[precision]
+        assert calls["gemm"] == {"fp32": 0, "int8": projections + kept_exact, "exact": 2 * projections}[precision]
         for torch_req, triton_req in zip(results["torch"], results["triton"]):
             for a, b in zip(torch_req, triton_req):
                 np.testing.assert_allclose(list(a["probabilities"].values()), list(b["probabilities"].values()),
