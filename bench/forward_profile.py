@@ -98,7 +98,7 @@ def main() -> None:
     lines = ["# Where one forward's time goes", "",
              f"`.venv/bin/python bench/forward_profile.py --precision {' '.join(args.precision)} --repeats "
              f"{args.repeats}`, {time.strftime('%Y-%m-%d')}, on {machine()}, 2 threads, prefix cache off; ms, median "
-             f"of {args.repeats} runs per step (int8 is the default plan: down kept exact). Exact-product routes "
+             f"of {args.repeats} runs per step (int8 is the default plan, keep_exact={EngineConfig.keep_exact!r}). Exact-product routes "
              f"chosen (passes, K x N): {routes}.", "",
              "| step | " + " | ".join(f"{p} {w.split(':')[0]}" for p, w in columns) + " |",
              "|---|" + "---|" * len(columns)]
