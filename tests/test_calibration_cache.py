@@ -111,12 +111,20 @@ def test_an_unwritable_cache_only_costs_time(tiny_model_dir, tmp_path, monkeypat
 def test_an_edited_kernel_source_changes_the_key(tiny_model_dir, tmp_path, monkeypatch):
     """The calibration forward runs Prism's CPU kernels: an edit to their C++ (or Python) must miss
     the cache, as an edit to the engine does."""
+    from kernels.cpu import exact_gemm
+    from prism_backend.model import kernel_sources
+
     kernels = tmp_path / "kernels"
-    shutil.copytree(calibration.KERNELS_ROOT, kernels, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(calibration, "KERNELS_ROOT", kernels)
+    shutil.copytree(kernel_sources.KERNELS_ROOT, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(kernel_sources, "KERNELS_ROOT", kernels)
+    monkeypatch.setattr(exact_gemm, "CSRC", kernels / "cpu" / "csrc")
     model_dir = tiny_model_dir("llama_tied")
     before = calibration.cache_key(model_dir)
     assert calibration.cache_key(model_dir) == before
     source = next((kernels / "cpu" / "csrc").glob("*.cpp"))
     source.write_text(source.read_text() + "\n// edited\n")
-    assert calibration.cache_key(model_dir) != before
+    edited = calibration.cache_key(model_dir)
+    assert edited != before
+    python = kernels / "cpu" / "rowwise.py"
+    python.write_text(python.read_text() + "\n# edited\n")
+    assert calibration.cache_key(model_dir) not in (before, edited)

@@ -40,7 +40,7 @@ import prism_backend
 
 from ..config import EngineConfig
 from ..forest import EncodedRequest
-from ..model.kernel_sources import KERNELS_ROOT
+from ..model.kernel_sources import kernels_version
 from ..model.loader import load_model
 from ..model.spec import ModelSpec
 from ..model.transformer import ForestTransformer
@@ -159,12 +159,11 @@ def cache_dir() -> Path | None:
 
 
 def _source_digest() -> str:
-    """The engine's Python source and the kernels' (Python and C++: the calibration forward runs
-    Prism's CPU attention and row-wise passes, so a kernel edit can move its activations)."""
-    digest = hashlib.sha256()
-    for root, patterns in ((PACKAGE_ROOT, ("*.py",)), (KERNELS_ROOT, ("*.py", "*.cpp", "*.h", "*.inc"))):
-        for path in sorted(p for pattern in patterns for p in root.rglob(pattern)):
-            digest.update(f"{root.name}/{path.relative_to(root)}".encode() + b"\0" + path.read_bytes())
+    """The engine's Python source and the kernels' version (the calibration forward runs Prism's CPU
+    attention and row-wise passes, so a kernel edit can move its activations)."""
+    digest = hashlib.sha256(kernels_version().encode())
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
