@@ -29,6 +29,21 @@ from prism_launcher.server import python_stubs, stop_with_parent
 SAMPLE_TICKET = (REPO_ROOT / "samples" / "ticket.txt").read_text(encoding="utf-8")
 TINY_ARCHS = ("llama3", "llama_tied", "mistral", "qwen2", "qwen3")  # conftest's tiny_model_dir builds each
 
+# Digests of CHECK_REQUESTS' probabilities from the embedded model, int8 default and exact
+# (test_replay.py recomputes them; test_cpu_kinds on the forced AVX2 path).
+GOLDEN_DECISIONS_PATH = REPO_ROOT / "tests" / "golden_decisions.json"
+
+
+def decision_digests(pipeline) -> list[str]:
+    """One digest per request of the fixed determinism set (prism_client.determinism)."""
+    import numpy as np
+
+    from prism_client.determinism import CHECK_REQUESTS, digest
+
+    results, _ = pipeline.decide_many(CHECK_REQUESTS)
+    return [digest([np.array(list(d["probabilities"].values()), np.float32) for d in r]) for r in results]
+
+
 ISA_SKIP = "this CPU lacks"
 _NEEDS = {"avx2": (has_avx2, "AVX2 + FMA"), "avx512_vnni": (has_avx512_vnni, "AVX-512 VNNI"),
           "amx_int8": (has_amx_int8, "AMX int8 tiles")}

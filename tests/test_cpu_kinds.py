@@ -10,6 +10,8 @@ import pytest
 from kernels.cpu import exact_gemm, features as cpu_features
 from prism_backend.paths import REPO_ROOT
 
+from helpers import GOLDEN_DECISIONS_PATH
+
 
 @pytest.fixture
 def forced_avx2(monkeypatch):
@@ -47,19 +49,24 @@ def test_an_unknown_isa_cap_is_refused(monkeypatch):
 
 
 # In a process started as on an AVX2-only CPU: the int8 default (8-bit integers, one pass a side)
-# and the exact precision (13-bit, two passes) take a route that CPU has, and the served self-check (batch composition, cache state, thread count)
-# finds nothing that breaks bit-identity.
+# and the exact precision (13-bit, two passes) take a route that CPU has, the served self-check (batch composition, cache state, thread count)
+# finds nothing that breaks bit-identity, and the fixed requests get the golden bits (calibrated afresh: the cache key holds the CPU kind).
 AVX2_ENGINE_CHECK = """
 import json, sys, torch
+sys.path.insert(0, "tests")
+from helpers import REGISTRY, decision_digests
 from prism_backend.config import EngineConfig
 from prism_backend.model import exact_matmul
 from prism_backend.serving.decision_step import DecisionStep
+from prism_backend.serving.pipeline import DecisionPipeline
 from kernels.cpu.features import cpu_kind
 out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "rungs": {}}
 for precision, passes in (("exact", 2), ("int8", 1)):
-    step = DecisionStep(EngineConfig(model_dir=sys.argv[1], precision=precision, num_threads=2))
+    config = EngineConfig(model_dir=sys.argv[1], precision=precision, num_threads=2)
+    step = DecisionStep(config)
     out["rungs"][precision] = {"route": exact_matmul.route(passes, passes), "problems": step.self_check_problems}
     step.close()
+    out["rungs"][precision]["digests"] = decision_digests(DecisionPipeline(config.replace(prefix_cache_bytes=0), REGISTRY))
 print(json.dumps(out))
 """
 
@@ -74,8 +81,10 @@ def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["kind"] == "AVX2 (forced)" and result["torch"] == "AVX2", result
     assert set(result["rungs"]) == {"exact", "int8"}
+    golden = json.loads(GOLDEN_DECISIONS_PATH.read_text())  # the same bits as on every other CPU (test_replay.py)
     for passes, rung in result["rungs"].items():
         # a route an AVX2-only CPU has (never the 8-bit kernel); which wins is timed: on a real AVX2
         # CPU `int_mm` is torch's slow loop and loses to int16, here it is oneDNN's VNNI kernel
         assert rung["route"] in ("int16", "int_mm", "float"), (passes, rung)
         assert rung["problems"] == [], (passes, rung)
+        assert rung["digests"] == golden[passes], (passes, rung)

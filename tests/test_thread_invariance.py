@@ -117,7 +117,7 @@ def test_int8_linear(act_passes, weight_passes, rows, route, monkeypatch):
 def test_candidate_scoring(candidates, cap):
     torch.manual_seed(0)
     lm_head, hidden = torch.randn(49152, 576) * 0.05, torch.randn(576)
-    assert len(bits_per_thread_count(lambda: score_answer(hidden, lm_head, candidates, cap)[0])) == 1
+    assert len(bits_per_thread_count(lambda: torch.from_numpy(score_answer(hidden, lm_head, candidates, cap)[0]))) == 1
 
 
 def test_engine_bits_with_1_to_4_threads(fp32_config):

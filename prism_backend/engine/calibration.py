@@ -1,5 +1,5 @@
-"""Calibration, in one place: the fixed prompts, the fp32 forwards that measure what quantisation
-needs, and the disk cache that computes it once per checkpoint.
+"""Calibration, in one place: the fixed prompts, the forwards that measure what quantisation needs,
+and the disk cache that computes it once per checkpoint.
 
   exact  SmoothQuant's activation maxima (model/smoothing.py folds them into the weights);
   int8   GPTQ's 8-bit integers of every projection of the rotated model (model/rotation.py,
@@ -10,15 +10,19 @@ The prompts (calibration_prompts.py): chat-formatted decision prompts over docum
 Prism serves. Fixed text, shipped with the package, distinct from the eval sets, so the smoothed
 weights and the integers are reproducible.
 
+The forwards are the fp32 model with every projection replaced by an exact fixed-point product
+(`_replayable`, model/fixed_point.py): the statistics, hence the served bits, are then the same on
+every x86-64 CPU, whatever its vector width, vendor or BLAS (tests/test_replay.py).
+
 The cache: statistics and integers are a pure function of the checkpoint, Prism's code and the
-libraries that run its fp32 forward, so a stored copy is what a new computation would give, bit for bit --
+libraries that run its forward, so a stored copy is what a new computation would give, bit for bit --
 provided the copy is keyed by all of them. The key hashes: config.json, the name, size and
 modification time of every *.safetensors file (not their contents: hashing a 14 GB checkpoint on
 every start would cost more than calibrating), the source of the prism_backend and kernels packages, the torch
-and transformers versions and the CPU's vector capability (MKL's strict CNR mode reproduces a
-product only on one code path). Anything else -- another checkpoint, an edited module, another
-torch -- misses and calibrates again. Why it matters: an int8 engine build spends ~5 s of its ~14 s
-in the calibration forward (one thread, SmolLM2 on a 2-core EPYC), and every server start, model
+and transformers versions and the CPU's vector capability (GPTQ's Cholesky factorisations are
+LAPACK's, whose last bits may differ between CPUs: model/gptq.py). Anything else -- another
+checkpoint, an edited module, another torch -- misses and calibrates again. Why it matters: an int8
+engine build spends most of its time in the calibration forward, and every server start, model
 load, instance, tensor-parallel rank 0 and healed stub builds one.
 
 Where: PRISM_CALIBRATION_CACHE if set ("off" disables the cache), else $XDG_CACHE_HOME/prism/
@@ -40,6 +44,7 @@ import prism_backend
 
 from ..config import EngineConfig
 from ..forest import EncodedRequest
+from ..model.fixed_point import FixedPointLinear
 from ..model.kernel_sources import kernels_version
 from ..model.loader import load_model
 from ..model.spec import ModelSpec
@@ -78,7 +83,7 @@ def gptq_requests(tokenizer: ChatTokenizer, max_context: int) -> list[EncodedReq
 
 # ---- the forward ---------------------------------------------------------------------------------
 def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
-    """SmoothQuant statistics from an fp32 forward of the full model over the shipped prompts,
+    """SmoothQuant statistics from a forward of the full model (exact products) over the shipped prompts,
     stored on disk for the next build of the same checkpoint and code (the cache below).
     full_model: (spec, weights) of the whole checkpoint; loaded here, only on a miss, if not given."""
     stored = entry(config.model_dir)
@@ -99,7 +104,7 @@ def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
     # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
     # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
     with torch_threads(1):
-        return calibrate(ForestTransformer(spec, weights), forests)  # the default: plain fp32
+        return calibrate(_replayable(ForestTransformer(spec, weights)), forests)
 
 
 def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
@@ -123,8 +128,21 @@ def _gptq(config: EngineConfig) -> list[dict]:
     tokenizer = load_tokenizer(config.model_dir)
     forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
     with torch_threads(1):  # one reduction order for the fp32 forward and the float64 Hessians
-        hessians = collect_hessians(ForestTransformer(spec, weights, every_row=True), forests)
+        hessians = collect_hessians(_replayable(ForestTransformer(spec, weights, every_row=True)), forests)
         return quantize_all(weights, hessians)
+
+
+def _replayable(model: ForestTransformer) -> ForestTransformer:
+    """`model` (fp32) with every projection a FixedPointLinear (model/fixed_point.py): float32
+    products sum in an order that depends on the CPU's BLAS, vector width and vendor, and these
+    forwards decide the smoothed weights and the integers, so every served bit. The rest of the
+    forward (norms, SwiGLU, attention, rotary) already has one operation order on every x86 CPU."""
+    for p in model.proj:
+        for name in ("qkv", "q", "kv", "o", "gate_up", "down"):
+            linear = getattr(p, name)
+            if linear is not None:
+                setattr(p, name, FixedPointLinear(linear.weight, linear.bias))
+    return model
 
 
 def _integers_to_tensors(integers: list[dict]) -> dict[str, torch.Tensor]:

@@ -6,6 +6,8 @@ Tasks with more candidates than the cap take the full-vocabulary path; both give
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -18,12 +20,13 @@ def score_answer(hidden: torch.Tensor, lm_head: torch.Tensor, candidates: tuple[
 
     Returns (probabilities (C,) float32, path name).
     """
-    index = torch.tensor(candidates, dtype=torch.long)
     if len(candidates) <= cap:
-        logits = _logits(lm_head[index], hidden)  # (C,)
-        return torch.softmax(logits, dim=-1), CANDIDATES
-    probs = torch.softmax(_logits(lm_head, hidden), dim=-1)[index]  # (C,) out of (V,)
-    return probs / probs.sum(), FULL_VOCABULARY
+        rows = lm_head[torch.tensor(candidates, dtype=torch.long)]  # (C, H)
+        return _softmax(_logits(rows, hidden)), CANDIDATES
+    probs = _softmax(_logits(lm_head, hidden))  # (V,)
+    chosen = [float(p) for p in probs[list(candidates)]]
+    total = math.fsum(chosen)
+    return np.array([p / total for p in chosen], dtype=np.float32), FULL_VOCABULARY
 
 
 def score_forest(hidden: torch.Tensor, lm_head: torch.Tensor, answers: list[list[int]],
@@ -33,16 +36,30 @@ def score_forest(hidden: torch.Tensor, lm_head: torch.Tensor, answers: list[list
 
     Returns per request, per task: (probabilities (C,) float32, path name)."""
     with torch.inference_mode():
-        return [[_as_numpy(*score_answer(hidden[row], lm_head, cands, cap)) for row, cands in zip(rows, request)]
+        return [[score_answer(hidden[row], lm_head, cands, cap) for row, cands in zip(rows, request)]
                 for rows, request in zip(answers, candidates)]
 
 
-def _as_numpy(probs: torch.Tensor, path: str) -> tuple[np.ndarray, str]:
-    return probs.to(torch.float32).numpy().copy(), path
+# The logits and the softmax are computed so that their bits depend on nothing but the numbers: a
+# float32 product through BLAS (MKL's sgemm) or torch's vectorised exp and sum reduce in an order set
+# by the CPU's vector width and vendor, which would make a served probability differ by machine.
+ROWS_PER_CHUNK = 4096  # the full-vocabulary path's rows per float64 temporary (~18 MB at H = 576)
 
 
 def _logits(rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """rows: (C, H), hidden: (H,) -> (C,), as a (1, H) x (H, C) sgemm rather than a matrix-vector
-    product: MKL's strict reproducible mode (reproducibility.py) makes ?gemm thread-count invariant, and
-    promises nothing for ?gemv."""
-    return (hidden[None, :] @ rows.T)[0]
+    """rows (C, H), hidden (H,) float32 -> (C,) float64: each product of two float32 numbers is exact
+    in float64, and cumsum adds them left to right (a sequential scan on the CPU): one order of
+    float64 roundings on every machine, whatever the thread count, and closer to the real number
+    than a float32 dot product."""
+    h = hidden.to(torch.float64)
+    return torch.cat([torch.cumsum(chunk.to(torch.float64) * h, dim=-1)[:, -1] for chunk in rows.split(ROWS_PER_CHUNK)])
+
+
+def _softmax(logits: torch.Tensor) -> np.ndarray:
+    """(C,) float64 -> probabilities (C,) float32: exp from the C library (one implementation on every
+    x86-64 CPU with FMA), the sum correctly rounded (math.fsum), one rounding to float32 at the end."""
+    values = logits.tolist()
+    top = max(values)
+    weights = [math.exp(v - top) for v in values]
+    total = math.fsum(weights)
+    return np.array([w / total for w in weights], dtype=np.float32)
