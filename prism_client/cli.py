@@ -62,12 +62,16 @@ def cmd_health(args) -> int:
 
 
 def cmd_determinism_check(args) -> int:
-    from .determinism_check import run_check
+    from .determinism_check import load_recording, run_check, save_recording
 
     url = args.url or ("localhost:8001" if args.grpc else "localhost:8000")
-    ok, rows = run_check(url, "grpc" if args.grpc else "http", rounds=args.rounds)
+    recorded = load_recording(args.replay) if args.replay else None
+    ok, rows, digests = run_check(url, "grpc" if args.grpc else "http", rounds=args.rounds, recorded=recorded)
     for setting, sent, mismatches in rows:
-        print(f"{setting:<28} {sent:>4} requests  {mismatches} mismatches")
+        print(f"{setting:<30} {sent:>4} requests  {mismatches} mismatches")
+    if args.save:
+        save_recording(args.save, digests, url)
+        print(f"recorded the digests in {args.save}")
     print("determinism: bit-identical" if ok else "determinism: MISMATCH")
     return 0 if ok else 1
 
@@ -91,6 +95,10 @@ def add_commands(sub) -> None:
     check.add_argument("--url", default=None, help="server address (default localhost:8000, gRPC 8001)")
     check.add_argument("--grpc", action="store_true")
     check.add_argument("--rounds", type=int, default=3, help="times each request is sent per concurrency")
+    check.add_argument("--save", default=None, metavar="FILE",
+                       help="write the digests answered alone to FILE, to replay on another machine")
+    check.add_argument("--replay", default=None, metavar="FILE",
+                       help="also compare with a --save recording (same model and configuration, any x86-64 CPU)")
     check.set_defaults(func=cmd_determinism_check)
 
     health = sub.add_parser("health", help="exit 0 if a server answers a small decision (Kubernetes probes)")
@@ -109,7 +117,7 @@ def run(args) -> int:
     """Run parsed arguments of a client command (from this module's parser or `prism`'s)."""
     try:
         return args.func(args)
-    except FileNotFoundError as exc:  # decide --material naming no file
+    except (FileNotFoundError, ValueError) as exc:  # a --material or --replay file missing or malformed
         print(f"prism: error: {exc}", file=sys.stderr)
         return 2
 

@@ -53,7 +53,6 @@ def test_an_unknown_isa_cap_is_refused(monkeypatch):
 # finds nothing that breaks bit-identity, and the fixed requests get the golden bits (calibrated afresh: the cache key holds the CPU kind).
 AVX2_ENGINE_CHECK = """
 import json, sys, torch
-sys.path.insert(0, "tests")
 from helpers import REGISTRY, decision_digests
 from prism_backend.config import EngineConfig
 from prism_backend.model import exact_matmul
@@ -72,7 +71,7 @@ print(json.dumps(out))
 
 
 def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
-    env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": os.pathsep.join((str(REPO_ROOT), str(REPO_ROOT / "tests")))}
     env.pop("PRISM_EXACT_ROUTE", None)
     env.pop("PRISM_INT8_ROUTE", None)
     done = subprocess.run([sys.executable, "-c", AVX2_ENGINE_CHECK, str(model_dir)], env=env, cwd=REPO_ROOT,

@@ -10,6 +10,7 @@ recomputed here on whatever machine runs the suite (test_cpu_kinds recomputes th
 path forced on an AVX-512 machine). Regenerate them, after a change that moves the bits on purpose,
 with `.venv/bin/python tests/test_replay.py`; the file says where they were made.
 """
+import hashlib
 import json
 import sys
 
@@ -101,6 +102,28 @@ def test_calibration_forward_has_no_float_product(monkeypatch, model_dir):
     assert calls == []
 
 
+def calibration_digests(config) -> dict[str, str]:
+    """sha256 of GPTQ's integers and scales (every layer, every projection) and of SmoothQuant's maxima."""
+    from prism_backend.engine import calibration
+
+    integers, maxima = hashlib.sha256(), hashlib.sha256()
+    for layer in calibration.gptq_integers(config):
+        for name in sorted(layer):
+            q, scale = layer[name]
+            integers.update(name.encode() + q.to(torch.int8).contiguous().numpy().tobytes() + scale.numpy().tobytes())
+    for layer in calibration.calibration_stats(config):
+        for name in sorted(layer):
+            maxima.update(name.encode() + layer[name].contiguous().numpy().tobytes())
+    return {"gptq_integers": integers.hexdigest(), "smoothing_maxima": maxima.hexdigest()}
+
+
+def test_the_calibration_matches_the_golden_digests(fp32_config):
+    """GPTQ's integers (all of them, also those the plan keeps exact) and the smoothing maxima: the
+    same on every run and every machine."""
+    golden = json.loads(GOLDEN_DECISIONS_PATH.read_text())
+    assert calibration_digests(fp32_config) == {k: golden[k] for k in ("gptq_integers", "smoothing_maxima")}
+
+
 def test_the_default_decisions_match_the_golden_digests(int8_pipeline):
     golden = json.loads(GOLDEN_DECISIONS_PATH.read_text())
     assert int8_pipeline.engine.config.keep_exact == golden["keep_exact"]
@@ -124,7 +147,7 @@ def _write_golden() -> None:
     from helpers import REGISTRY
 
     config = EngineConfig(model_dir=DEFAULT_MODEL_DIR, prefix_cache_bytes=0)
-    out = {"made_on": machine(), "keep_exact": config.keep_exact}
+    out = {"made_on": machine(), "keep_exact": config.keep_exact, **calibration_digests(config)}
     for precision in ("int8", "exact"):
         out[precision] = decision_digests(DecisionPipeline(config.replace(precision=precision), REGISTRY))
     GOLDEN_DECISIONS_PATH.write_text(json.dumps(out, indent=1) + "\n")

@@ -1,6 +1,7 @@
 """Through real servers (int8, 1 and 2 instances): identical float32 bytes alone, batched by Triton
 at concurrency 1, 4 and 8, on any instance, and equal to the in-process engine."""
 import json
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from prism_client.client import PrismClient
 from prism_client.determinism import CHECK_REQUESTS, digest
 from prism_launcher.server import ServerOptions, TritonServer
 
-from helpers import REGISTRY, REPO_ROOT, free_port
+from helpers import GOLDEN_DECISIONS_PATH, REGISTRY, REPO_ROOT, free_port
 from helpers import metric, scrape
 
 
@@ -35,6 +36,36 @@ def test_determinism_check_command(int8_server):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "concurrency 8, shuffled" in done.stdout and "determinism: bit-identical" in done.stdout
+
+
+def _determinism_check(server, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prism_client", "determinism-check", "--url",
+                           f"localhost:{server.options.http_port}", "--rounds", "1", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_recording_replays_here_and_holds_the_golden_bits(int8_server, tmp_path):
+    """--save records what this server answers; those are the committed golden bits (the same on
+    every x86-64 CPU, test_replay.py); --replay of them passes, of a changed one fails."""
+    recording = tmp_path / "recorded.json"
+    done = _determinism_check(int8_server, "--save", str(recording))
+    assert done.returncode == 0, done.stdout + done.stderr
+    golden = json.loads(GOLDEN_DECISIONS_PATH.read_text())["int8"]
+    assert json.loads(recording.read_text())["digests"] == golden
+
+    elsewhere = tmp_path / "golden.json"
+    elsewhere.write_text(json.dumps({"digests": golden}))
+    done = _determinism_check(int8_server, "--replay", str(elsewhere))
+    assert done.returncode == 0 and "against the recording" in done.stdout, done.stdout + done.stderr
+
+    elsewhere.write_text(json.dumps({"digests": golden[:-1] + ["0" * 64]}))
+    done = _determinism_check(int8_server, "--replay", str(elsewhere))
+    assert done.returncode == 1 and "determinism: MISMATCH" in done.stdout, done.stdout + done.stderr
+    assert re.search(r"against the recording\s+5 requests\s+1 mismatches", done.stdout), done.stdout
+
+    elsewhere.write_text(json.dumps({"digests": []}))
+    done = _determinism_check(int8_server, "--replay", str(elsewhere))
+    assert done.returncode == 2 and "written by --save" in done.stderr, done.stdout + done.stderr
 
 
 def test_server_bits_equal_in_process_engine(int8_server, int8_pipeline_bits):
