@@ -1,5 +1,5 @@
 """The decoder's row-wise passes in the kernel library (kernels/cpu/rowwise.py): RMSNorm and SwiGLU (with
-down_proj's online Hadamard fused) against float64, and bits that depend on nothing but the row: not
+down_proj's online Hadamard fused) against float64, the rotary embedding against torch's operations, and bits that depend on nothing but the row: not
 the other rows, not the thread count, not the CPU kind (committed digests, recomputed here)."""
 from __future__ import annotations
 
@@ -48,6 +48,29 @@ def test_swiglu_is_the_float64_one_and_fuses_the_hadamard(i, block):
     # float32 sums of 128 terms of both signs: within a few ulp of the row's largest value
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max()))
     assert torch.equal(layers.swiglu(gate_up, block), got)
+
+
+def torch_rotary(x, cos, sin):
+    """layers.apply_rotary's torch operations (what the kernel must reproduce to the bit)."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    first = x[..., :half] * c[..., :half] - x[..., half:] * s[..., :half]
+    second = x[..., half:] * c[..., half:] + x[..., :half] * s[..., half:]
+    return torch.cat([first, second], dim=-1)
+
+
+@pytest.mark.parametrize("heads, d", [(9, 64), (3, 64), (2, 20), (1, 6)])
+def test_rotary_is_torchs_operations_to_the_bit(heads, d):
+    """Every head of every row with its own angles, vector body and scalar tail (d / 2 = 3, 10)."""
+    torch.manual_seed(heads * d)
+    x = torch.randn(37, heads, d)
+    table = layers.RotaryTable(1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)), 1.0, 4096)
+    cos, sin = table(torch.randint(0, 4096, (37,)))
+    out = rowwise.rotary(x, cos[:, 0], sin[:, 0])
+    assert torch.equal(out, torch_rotary(x, cos[:, 0], sin[:, 0]))
+    with torch_threads(1):
+        assert torch.equal(layers.apply_rotary(x, cos, sin), out)  # the model's entry point takes it
+    assert torch.equal(rowwise.rotary(x[5:6], cos[5:6, 0], sin[5:6, 0]), out[5:6])
 
 
 def test_a_rows_bits_depend_on_nothing_else():

@@ -133,6 +133,8 @@ def load():
         lib.prism_swiglu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
         lib.prism_hadamard_rows.restype = None
         lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.prism_rotary.restype = None
+        lib.prism_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int]
         _lib = lib
     return _lib
 

@@ -1,8 +1,9 @@
 """The decoder's row-wise passes on x86 CPUs (csrc/rowwise.cpp, built into the kernel library): RMSNorm,
-SwiGLU (with down_proj's online Hadamard in the same pass) and the Hadamard transform alone, each with
+SwiGLU (with down_proj's online Hadamard in the same pass), the Hadamard transform alone and the rotary
+embedding, each with
 one operation order on every x86 CPU kind (AVX2 + FMA instructions only: the same bits on an AVX2-only
 EPYC and an AVX-512 Xeon), every row by one thread (batch- and thread-count invariant). Their torch
-references are prism_backend/model/layers.py's rms_norm and swiglu and model/hadamard.transform
+references are prism_backend/model/layers.py's rms_norm, swiglu and apply_rotary and model/hadamard.transform
 (tests/test_rowwise_cpu.py); prism_backend/model uses these where the library loads.
 """
 from __future__ import annotations
@@ -52,3 +53,19 @@ def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
     return out
 
 
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (N, heads, D) float32, cos and sin (N, D): the rotate-half rotary embedding of each row with
+    its own angles, bit-identical to prism_backend.model.layers.apply_rotary's torch operations (the
+    same products, differences and sums, one pass instead of five). A new tensor."""
+    x = x.contiguous()
+    n, heads, d = x.shape
+    if d % 2 or cos.shape != (n, d) or sin.shape != (n, d):
+        raise ValueError(f"rotary needs x (N, heads, even D) and cos, sin (N, D), got {tuple(x.shape)}, "
+                         f"{tuple(cos.shape)}, {tuple(sin.shape)}")
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    out = torch.empty_like(x)
+    _library().prism_rotary(x.data_ptr(), n, heads, d, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                            torch.get_num_threads())
+    return out

@@ -49,7 +49,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     x * cos + cat(-x2, x1) * sin for x = cat(x1, x2), written half by half (x1 * cos - x2 * sin,
     x2 * cos + x1 * sin): the same IEEE operations on every element (a - b is a + (-b) exactly),
     without materialising the negated, concatenated copy (on the query heads' (N, 9, 64) that
-    was ~15x the time, bench-measured)."""
+    was ~15x the time, bench-measured). On CPUs where the kernel library loads, its one-pass
+    version of these same operations (kernels/cpu/rowwise.rotary: the same bits).
+    cos, sin: (N, 1, head_dim) as RotaryTable returns them."""
+    if _library_runs(x):
+        return rowwise.rotary(x, cos[:, 0], sin[:, 0])
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     out = torch.empty_like(x)

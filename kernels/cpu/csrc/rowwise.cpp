@@ -6,6 +6,7 @@
 //   prism_swiglu         silu(gate) * up = (gate / (1 + exp(-gate))) * up with vec.h's exp, and, with a
 //                        block, the Hadamard butterfly below on the row (down_proj's input) in the same pass
 //   prism_hadamard_rows  the block-diagonal Walsh-Hadamard transform of model/hadamard.transform
+//   prism_rotary         the rotate-half rotary embedding, (x1 cos - x2 sin, x2 cos + x1 sin) per head
 // The library is built with -ffp-contract=off: every multiply and add rounds as written.
 #include <immintrin.h>
 #include <math.h>
@@ -120,6 +121,40 @@ void prism_swiglu(const float* gate_up, int m, int i, int block, float* out, int
       for (int t = 0; j + t < i; ++t) dst[j + t] = o8[t];
     }
     if (block > 0) hadamard_row(dst, i, block);
+  }
+}
+
+// x, out: (m, heads, d) float32; cos, sin: (m, d), row r's angles. Per head, with x = (x1, x2) halves:
+// out = (x1 * cos1 - x2 * sin1, x2 * cos2 + x1 * sin2), (cos1, cos2) and (sin1, sin2) the table row's
+// halves: every product rounded, then the difference or sum -- prism_backend/model/layers.apply_rotary's
+// torch operations, so the same bits as torch's on every CPU (no contraction: -ffp-contract=off).
+void prism_rotary(const float* x, int m, int heads, int d, const float* cos, const float* sin, float* out,
+                  int threads) {
+  const int half = d / 2;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < m; ++r) {
+    const float* c = cos + (int64_t)r * d;
+    const float* s = sin + (int64_t)r * d;
+    for (int h = 0; h < heads; ++h) {
+      const float* x1 = x + ((int64_t)r * heads + h) * d;
+      const float* x2 = x1 + half;
+      float* o1 = out + ((int64_t)r * heads + h) * d;
+      float* o2 = o1 + half;
+      int j = 0;
+      for (; j + 8 <= half; j += 8) {
+        const __m256 a = _mm256_loadu_ps(x1 + j), b = _mm256_loadu_ps(x2 + j);
+        _mm256_storeu_ps(o1 + j, _mm256_sub_ps(_mm256_mul_ps(a, _mm256_loadu_ps(c + j)),
+                                               _mm256_mul_ps(b, _mm256_loadu_ps(s + j))));
+        _mm256_storeu_ps(o2 + j, _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(c + half + j)),
+                                               _mm256_mul_ps(a, _mm256_loadu_ps(s + half + j))));
+      }
+      for (; j < half; ++j) {
+        const float a = x1[j], b = x2[j];
+        const float ac = a * c[j], bs = b * s[j], bc = b * c[half + j], as = a * s[half + j];
+        o1[j] = ac - bs;
+        o2[j] = bc + as;
+      }
+    }
   }
 }
 
