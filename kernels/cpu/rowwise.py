@@ -53,8 +53,6 @@ def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
     return out
 
 
-
-
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (N, heads, D) float32, cos and sin (N, D): the rotate-half rotary embedding of each row with
     its own angles, bit-identical to prism_backend.model.layers.apply_rotary's torch operations (the

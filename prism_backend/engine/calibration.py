@@ -101,8 +101,8 @@ def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
     tokenizer = load_tokenizer(config.model_dir)
     # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
     forests = [build_forest([r], block_tokens=spec.max_context) for r in calibration_requests(tokenizer)]
-    # fp32 GEMMs reduce in a thread-count-dependent order; calibrating on one thread makes the
-    # smoothed int8 weights (and so every probability bit) the same whatever num_threads is.
+    # one thread, as it always ran; the forward's bits no longer depend on it (exact fixed-point
+    # products, Prism's thread-invariant kernels)
     with torch_threads(1):
         return calibrate(_replayable(ForestTransformer(spec, weights)), forests)
 
@@ -127,7 +127,7 @@ def _gptq(config: EngineConfig) -> list[dict]:
     rotate(spec, weights)
     tokenizer = load_tokenizer(config.model_dir)
     forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
-    with torch_threads(1):  # one reduction order for the fp32 forward and the float64 Hessians
+    with torch_threads(1):  # GPTQ's LAPACK/BLAS steps in one order (the forward and Hessians are exact)
         hessians = collect_hessians(_replayable(ForestTransformer(spec, weights, every_row=True)), forests)
         return quantize_all(weights, hessians)
 
