@@ -56,7 +56,7 @@ eval: setup
 
 # Side by side with the peers (bench/side_by_side.py) and the prefix-cache stream (bench/cache_bench.py);
 # vLLM's CPU build lives in its own virtualenv. The engine-only and perf_analyzer benchmarks:
-# bench/engine_bench.py, perf_analyzer_configs/run_perf.py.
+# bench/engine_bench.py, bench/run_perf.py.
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)/.deps-installed $(GGUF)
 	$(PY) bench/side_by_side.py $(ARGS)
 	$(PY) bench/cache_bench.py

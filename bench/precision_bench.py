@@ -18,22 +18,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from workloads import WORKLOADS, write_result
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "evals"))  # the eval's loaders (evals/ is no package)
-import run_eval  # noqa: E402
-
-from kernels.cpu.features import machine  # noqa: E402
-from prism_backend.config import PROJECTIONS, EngineConfig  # noqa: E402
-from prism_backend.model.exact_matmul import chosen_routes  # noqa: E402
-from prism_backend.model.spec import load_hf_config, spec_from_config  # noqa: E402
-from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, user_cache_dir  # noqa: E402
-from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
+from evals import run_eval
+from kernels.cpu.features import machine
+from prism_backend.config import PROJECTIONS, EngineConfig
+from prism_backend.model.exact_matmul import chosen_routes
+from prism_backend.model.spec import load_hf_config, spec_from_config
+from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, user_cache_dir
+from prism_backend.serving.pipeline import DecisionPipeline
 
 
 def rungs(base: EngineConfig) -> dict[str, EngineConfig]:

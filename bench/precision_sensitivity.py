@@ -17,22 +17,19 @@ Writes bench/results/precision_sensitivity.md.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "evals"))
-import run_eval  # noqa: E402
-from workloads import write_result  # noqa: E402
+from workloads import write_result
 
-import prism_backend.model.transformer as transformer  # noqa: E402
-from prism_backend.config import EngineConfig  # noqa: E402
-from prism_backend.model.exact_matmul import int_bound  # noqa: E402
-from prism_backend.paths import DEFAULT_MODEL_DIR  # noqa: E402
+import prism_backend.model.transformer as transformer
+from evals import run_eval
+from prism_backend.config import EngineConfig
+from prism_backend.model.exact_matmul import int_bound
+from prism_backend.paths import DEFAULT_MODEL_DIR
 
 BITS = {8: int_bound(1), 13: int_bound(2)}  # |integer| <= 127 (one pass), 8191 (two passes)
 KIND_BY_OUT = {960: "qkv", 576: "o", 3072: "gate_up"}  # SmolLM2's widths; "down" is the one with K = 1536

@@ -1,4 +1,5 @@
-"""Dead-stub recovery of a real `prism serve` (one replica behind the front), any precision.
+"""Dead-stub recovery of what `prism serve` runs (PrismCluster: one replica behind the nginx front,
+watched as `prism serve` watches it), any precision.
 
     .venv/bin/python bench/stub_recovery.py [--precision int8]
 
@@ -12,48 +13,56 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from helpers import SAMPLE_TICKET  # noqa: E402
-from helpers import Cluster, stop_cleanly  # noqa: E402
+from workloads import SAMPLE_TICKET
 
-from prism_client.client import PrismClient, PrismOverloaded  # noqa: E402
-from prism_launcher.server import python_stubs  # noqa: E402
+from prism_backend.processes import free_port
+from prism_client.client import PrismClient, PrismOverloaded
+from prism_launcher.cli import WATCH_INTERVAL_S
+from prism_launcher.cluster import PrismCluster
+from prism_launcher.router import RouterOptions
+from prism_launcher.server import ServerOptions, python_stubs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--precision", default="int8")
     args = parser.parse_args()
+    http = f"127.0.0.1:{free_port()}"
+    router = RouterOptions(http_listen=http, grpc_listen=f"127.0.0.1:{free_port()}",
+                           metrics_listen=f"127.0.0.1:{free_port()}")
     started = time.monotonic()
-    cluster = Cluster(replicas=1, args=("--precision", args.precision))
-    print(f"{args.precision} prism serve: ready {time.monotonic() - started:.1f} s after launch", flush=True)
-
-    def answers():
-        return [d.probability_array().tobytes() for d in PrismClient(cluster.url).decide(SAMPLE_TICKET, ["team", "severity"])]
-
-    before = answers()
-    (server,) = cluster.server_pids(0)
-    (stub,) = [s for s in python_stubs(server) if b"prism_decision" in Path(f"/proc/{s}/cmdline").read_bytes()]
-    killed = time.monotonic()
-    os.kill(stub, signal.SIGKILL)
-    while PrismClient(cluster.url).is_ready():
-        time.sleep(0.05)
-    print(f"readiness false {time.monotonic() - killed:.2f} s after the SIGKILL", flush=True)
+    cluster = PrismCluster(1, ServerOptions(precision=args.precision), router).start()
     try:
-        PrismClient(cluster.url).decide(SAMPLE_TICKET, ["team"])
-        print("meanwhile: a request was answered (unexpected)")
-    except PrismOverloaded as e:
-        print(f"meanwhile: PrismOverloaded ({e.status})")
-    while not PrismClient(cluster.url).is_ready():
-        time.sleep(0.25)
-    print(f"ready again {time.monotonic() - killed:.1f} s after the SIGKILL", flush=True)
-    print(f"same bits after recovery: {answers() == before}")
-    print(f"clean stop (Ctrl-C): {stop_cleanly(cluster):.1f} s")
+        print(f"{args.precision} prism serve: ready {time.monotonic() - started:.1f} s after launch", flush=True)
+
+        def answers():
+            return [d.probability_array().tobytes() for d in PrismClient(http).decide(SAMPLE_TICKET, ["team", "severity"])]
+
+        before = answers()
+        (server,) = cluster.servers
+        (stub,) = [s for s in python_stubs(server.process.pid) if b"prism_decision" in Path(f"/proc/{s}/cmdline").read_bytes()]
+        killed = time.monotonic()
+        os.kill(stub, signal.SIGKILL)
+        while PrismClient(http).is_ready():
+            time.sleep(0.05)
+        print(f"readiness false {time.monotonic() - killed:.2f} s after the SIGKILL", flush=True)
+        try:
+            PrismClient(http).decide(SAMPLE_TICKET, ["team"])
+            print("meanwhile: a request was answered (unexpected)")
+        except PrismOverloaded as e:
+            print(f"meanwhile: PrismOverloaded ({e.status})")
+        while not PrismClient(http).is_ready():  # what `prism serve`'s watch loop does meanwhile
+            cluster.heal()
+            time.sleep(WATCH_INTERVAL_S)
+        print(f"ready again {time.monotonic() - killed:.1f} s after the SIGKILL", flush=True)
+        print(f"same bits after recovery: {answers() == before}")
+    finally:
+        stopping = time.monotonic()
+        cluster.stop()
+        print(f"clean stop (what Ctrl-C runs): {time.monotonic() - stopping:.1f} s")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ DEFAULT_MODEL_DIR = REPO_ROOT / ".models" / "SmolLM2-135M-Instruct"
 def user_cache_dir(kind: str, override: str | None = None) -> Path | None:
     """Where Prism keeps `kind` (calibration, execution-envs, ...) for this user: the folder named by
     the environment variable `override` when it is set, else $XDG_CACHE_HOME/prism/<kind> or
-    ~/.cache/prism/<kind>; None without a home directory (a service account). kernels/cpu/exact_gemm.py
-    follows the same rule in its own lines (the kernels import nothing of Prism)."""
+    ~/.cache/prism/<kind>; None without a home directory (a service account). The one rule for
+    Prism's user caches (the kernel library is built next to its source, kernels/cpu/exact_gemm.py)."""
     if override and os.environ.get(override):
         return Path(os.environ[override])
     try:

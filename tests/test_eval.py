@@ -46,7 +46,7 @@ def test_eval_slice_runs(tmp_path):
 
 def test_report_without_the_bf16_reference():
     """`run_eval.py --no-bf16`: the bf16 columns read nan, the int8 and fp32 ones are computed."""
-    from run_eval import report
+    from evals.run_eval import report
 
     per_set = {"ticket_team": {"acc_int8": [True, False], "acc_fp32": [True, True], "agree_int8": [True, False],
                                "err_int8": [0.001, 0.003]}}
@@ -62,7 +62,7 @@ def test_a_cached_reference_is_used_only_while_it_holds_this_machines_fp32(tmp_p
     with tolerance 0), saying by how much it moved; recomputed (and rewritten) once it moved more;
     refused for another --limit."""
     import pytest
-    from run_eval import _read_json, _write_json, load, references
+    from evals.run_eval import _read_json, _write_json, load, references
 
     cache, docs = tmp_path / "reference.json.gz", load(1)
     first = references(docs, model_dir, cache, bf16=False)

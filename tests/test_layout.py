@@ -249,3 +249,22 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "kernels")
 """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["2", "[]"], done.stdout
+
+
+def test_nothing_edits_sys_path():
+    """Scripts and tests import Prism, the eval (an installed package) and their own folder's modules
+    by name; no file puts a folder on sys.path. bench/tree_time.py alone does, on purpose: it loads
+    the modules of another checkout given on its command line."""
+    on_purpose = {ROOT / "bench" / "tree_time.py"}
+    folders = ("prism_backend", "prism_client", "prism_launcher", "kernels", "bench", "evals", "tests",
+               "model_repository", "perf_analyzer_configs")
+    paths = sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+    assert ROOT / "bench" / "run_perf.py" in paths and on_purpose <= set(paths)
+    editing = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("insert", "append", "extend") and ast.unparse(node.func.value) == "sys.path"):
+                editing.append(path)
+    assert sorted(set(editing) - on_purpose) == [], "sys.path edited"
+    assert set(editing) >= on_purpose, "the check no longer sees tree_time.py's edit"

@@ -342,9 +342,9 @@ def test_prism_health_probe(front):
 
 def test_perf_analyzer_runs_through_the_front(front):
     """perf_analyzer needs only the allow-list (metadata, config, statistics, inference)."""
-    from run_perf import HERE, run_perf
+    from run_perf import CONFIGS, run_perf
 
-    result = run_perf(front.url, HERE / "unshared.json", concurrency=1, request_count=6)
+    result = run_perf(front.url, CONFIGS / "unshared.json", concurrency=1, request_count=6)
     assert result["throughput"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
 
 

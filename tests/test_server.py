@@ -185,7 +185,7 @@ def test_asyncio_client(server, protocol):
 
 def test_perf_analyzer_runs_against_the_ensemble(server):
     """The real perf_analyzer binary from .venv, with the committed input-data file."""
-    from run_perf import HERE, run_perf
+    from run_perf import CONFIGS, run_perf
 
-    result = run_perf(f"localhost:{server.options.http_port}", HERE / "unshared.json", concurrency=1, request_count=6)
+    result = run_perf(f"localhost:{server.options.http_port}", CONFIGS / "unshared.json", concurrency=1, request_count=6)
     assert result["throughput"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]

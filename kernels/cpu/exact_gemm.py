@@ -14,9 +14,9 @@ they are the fastest exact route.
 
 The shared library is compiled once per source version (its name carries a hash of the source and
 flags) into the first writable folder of: PRISM_KERNEL_CACHE, lib/ next to this file (an exported
-model repository carries it there, kernels/cpu/lib, for servers without g++),
-$XDG_CACHE_HOME/prism/kernels or ~/.cache/prism/kernels, a temporary folder; a library already in
-any of them is used as it is. It is loaded with ctypes, which releases the GIL for the call. Where
+model repository carries it there, kernels/cpu/lib, for servers without g++), a temporary folder of
+this user; a library already in any of them is used as it is. (No ~/.cache folder: Prism's
+user-cache rule is prism_backend.paths.user_cache_dir, and the kernels import nothing of Prism.) It is loaded with ctypes, which releases the GIL for the call. Where
 it cannot be built or loaded (no g++, no AVX2, another architecture) `load()` returns None and
 callers use another exact route.
 """
@@ -48,13 +48,9 @@ _why_not: str | None = None
 
 
 def _cache_dirs() -> list[Path]:
-    # the user cache follows prism_backend.paths.user_cache_dir's rule (kernels import nothing of Prism)
     env = [Path(os.environ["PRISM_KERNEL_CACHE"])] if os.environ.get("PRISM_KERNEL_CACHE") else []
-    try:
-        user = [Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism" / "kernels"]
-    except RuntimeError:  # no home directory (a service account)
-        user = []
-    return [*env, PACKAGE_LIB, *user, Path(tempfile.gettempdir()) / f"prism-kernels-{os.getuid()}"]
+    # the package folder is writable in a checkout; an installed or read-only one falls to the temporary folder
+    return [*env, PACKAGE_LIB, Path(tempfile.gettempdir()) / f"prism-kernels-{os.getuid()}"]
 
 
 def library_name() -> str:

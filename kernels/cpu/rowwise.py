@@ -1,7 +1,6 @@
 """The decoder's row-wise passes on x86 CPUs (csrc/rowwise.cpp, built into the kernel library): RMSNorm,
 SwiGLU (with down_proj's online Hadamard in the same pass), the Hadamard transform alone and the rotary
-embedding, each with
-one operation order on every x86 CPU kind (AVX2 + FMA instructions only: the same bits on an AVX2-only
+embedding, each with one operation order on every x86 CPU kind (AVX2 + FMA instructions only: the same bits on an AVX2-only
 EPYC and an AVX-512 Xeon), every row by one thread (batch- and thread-count invariant). Their torch
 references are prism_backend/model/layers.py's rms_norm, swiglu and apply_rotary and model/hadamard.transform
 (tests/test_rowwise_cpu.py); prism_backend/model uses these where the library loads.

@@ -1,9 +1,10 @@
 """Run Triton's perf_analyzer (from .venv, shipped by tritonclient) against the `prism` ensemble.
 
-    .venv/bin/python perf_analyzer_configs/run_perf.py [--url localhost:8000] [--precision int8]
+    .venv/bin/python bench/run_perf.py [--url localhost:8000] [--precision int8]
 
-Without --url it starts its own server on free ports. Workloads (input-data JSON beside this file,
-written from bench/workloads.py so every benchmark uses the same prompts):
+Without --url it starts its own server on free ports. Workloads (perf_analyzer input-data JSON in
+perf_analyzer_configs/, where Triton users look for it, written from bench/workloads.py so every
+benchmark uses the same prompts):
   shared.json    one ~600-token ticket, 3 tasks per request (team, reply_time, severity)
   unshared.json  three unrelated tickets, 1 task per request
 Concurrency 1, 2, 4 and 8; the table goes to bench/results/perf_analyzer.md.
@@ -17,15 +18,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from workloads import shared_workload, unshared_workload  # noqa: E402
+from workloads import shared_workload, unshared_workload, write_result
 
-from prism_backend.processes import free_port  # noqa: E402
-from prism_launcher.server import ServerOptions, TritonServer, _package_dir  # noqa: E402
+from kernels.cpu.features import machine
+from prism_backend.paths import REPO_ROOT
+from prism_backend.processes import free_port
+from prism_launcher.server import ServerOptions, TritonServer, _package_dir
+
+CONFIGS = REPO_ROOT / "perf_analyzer_configs"  # the input-data files, one per workload
 
 WORKLOADS = {"shared": shared_workload, "unshared": unshared_workload}
 
@@ -35,7 +38,7 @@ def write_input_data() -> dict[str, Path]:
     for name, make in WORKLOADS.items():
         data = [{"material": [r["material"]], "tasks": {"content": r["tasks"], "shape": [len(r["tasks"])]}}
                 for r in make()]
-        path = HERE / f"{name}.json"
+        path = CONFIGS / f"{name}.json"
         path.write_text(json.dumps({"data": data}, indent=1) + "\n")
         paths[name] = path
     return paths
@@ -60,7 +63,7 @@ def run_perf(url: str, data: Path, concurrency: int, request_count: int | None =
     requests and reports them, with no stability criterion -- what a check that the path works
     needs, since on a shared 2-core machine windows of a few requests can disagree by more."""
     binary = Path(sys.executable).parent / "perf_analyzer"
-    csv_path = HERE / f".perf-{data.stem}-{concurrency}.csv"
+    csv_path = CONFIGS / f".perf-{data.stem}-{concurrency}.csv"
     cmd = [str(binary), "-m", "prism", "-u", url, "-i", "http", "--input-data", str(data),
            "--concurrency-range", str(concurrency), "-f", str(csv_path)]
     if request_count is None:
@@ -98,7 +101,7 @@ def main() -> None:
         args.url = f"localhost:{server.options.http_port}"
     cache = "prefix cache on" if args.prefix_cache else "prefix cache off"
     lines = [f"perf_analyzer against `prism` ({args.precision}, {args.instances} instance(s), {cache}); "
-             "one inference = one request (one ticket, all its tasks)", "",
+             f"one inference = one request (one ticket, all its tasks); {time.strftime('%Y-%m-%d')}, {machine()}", "",
              "| workload | concurrency | requests/s | decisions/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
     try:
         for name, path in paths.items():
@@ -117,10 +120,7 @@ def main() -> None:
     finally:
         if server:
             server.stop()
-    out = ROOT / "bench" / "results" / "perf_analyzer.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_result("perf_analyzer.md", lines)
 
 
 if __name__ == "__main__":
