@@ -21,6 +21,7 @@ import torch
 
 from workloads import RESULTS, WORKLOADS, write_result  # noqa: E402
 
+from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH  # noqa: E402
 from prism_launcher.reference import HFReference  # noqa: E402
@@ -62,7 +63,8 @@ def main() -> None:
     lines = [f"Engine benchmark: {config.model_dir.name}, prism precision {args.precision} "
              f"(act_passes={config.act_passes}, weight_passes={config.weight_passes}, "
              f"smooth_alpha={config.smooth_alpha}), "
-             f"{torch.get_num_threads()} threads, median of {args.repeats} runs (min-max)", "",
+             f"{torch.get_num_threads()} threads, median of {args.repeats} runs (min-max); "
+             f"{time.strftime('%Y-%m-%d')}, {machine()}", "",
              "| workload | engine | tokens computed | ms (median) | spread ms | time / prism forest |",
              "|---|---|---|---|---|---|"]
     for name, make in WORKLOADS.items():

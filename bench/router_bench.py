@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.processes import free_port  # noqa: E402
 from prism_client.client import PrismClient  # noqa: E402
 from prism_launcher.cluster import PrismCluster  # noqa: E402
@@ -101,6 +102,7 @@ def main() -> None:
     hashed, rr = results
     cpus = sorted(os.sched_getaffinity(0))
     lines = [f"# Router: consistent hashing on the material vs round-robin ({args.replicas} replicas)", "",
+             f"{time.strftime('%Y-%m-%d')}, {machine()}", "",
              f"`.venv/bin/python bench/router_bench.py --tickets {args.tickets} --questions {args.questions} "
              f"--replicas {args.replicas}` on CPU(s) {cpus}; each replica gets its share of the cores. "
              f"{len(requests)} requests: {args.tickets} support threads (~500 tokens) x {args.questions} "

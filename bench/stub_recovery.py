@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,14 @@ def main() -> None:
                            metrics_listen=f"127.0.0.1:{free_port()}")
     started = time.monotonic()
     cluster = PrismCluster(1, ServerOptions(precision=args.precision), router).start()
+    watching = threading.Event()
+
+    def watch() -> None:  # `prism serve`'s loop: heal every WATCH_INTERVAL_S (a dead stub: restart its replica)
+        while not watching.wait(WATCH_INTERVAL_S):
+            cluster.heal()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
         print(f"{args.precision} prism serve: ready {time.monotonic() - started:.1f} s after launch", flush=True)
 
@@ -54,12 +63,13 @@ def main() -> None:
             print("meanwhile: a request was answered (unexpected)")
         except PrismOverloaded as e:
             print(f"meanwhile: PrismOverloaded ({e.status})")
-        while not PrismClient(http).is_ready():  # what `prism serve`'s watch loop does meanwhile
-            cluster.heal()
-            time.sleep(WATCH_INTERVAL_S)
+        while not PrismClient(http).is_ready():
+            time.sleep(0.25)
         print(f"ready again {time.monotonic() - killed:.1f} s after the SIGKILL", flush=True)
         print(f"same bits after recovery: {answers() == before}")
     finally:
+        watching.set()
+        watcher.join()
         stopping = time.monotonic()
         cluster.stop()
         print(f"clean stop (what Ctrl-C runs): {time.monotonic() - stopping:.1f} s")
