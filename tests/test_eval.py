@@ -24,7 +24,7 @@ def test_eval_sets_are_complete_and_labelled():
 
 
 def test_generator_reproduces_the_committed_data(tmp_path):
-    from generate import generate
+    from evals.generate import generate
 
     for name, rows in generate().items():
         committed = (DATA / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
