@@ -103,14 +103,16 @@ def test_calibration_forward_has_no_float_product(monkeypatch, model_dir):
 
 
 def calibration_digests(config) -> dict[str, str]:
-    """sha256 of GPTQ's integers and scales (every layer, every projection) and of SmoothQuant's maxima."""
+    """sha256 of GPTQ's integers, scales and bias corrections (every layer, every projection) and of
+    SmoothQuant's maxima."""
     from prism_backend.engine import calibration
 
     integers, maxima = hashlib.sha256(), hashlib.sha256()
     for layer in calibration.gptq_integers(config):
         for name in sorted(layer):
-            q, scale = layer[name]
-            integers.update(name.encode() + q.to(torch.int8).contiguous().numpy().tobytes() + scale.numpy().tobytes())
+            q, scale, correction = layer[name]
+            integers.update(name.encode() + q.to(torch.int8).contiguous().numpy().tobytes() + scale.numpy().tobytes()
+                            + correction.numpy().tobytes())
     for layer in calibration.calibration_stats(config):
         for name in sorted(layer):
             maxima.update(name.encode() + layer[name].contiguous().numpy().tobytes())
@@ -118,8 +120,8 @@ def calibration_digests(config) -> dict[str, str]:
 
 
 def test_the_calibration_matches_the_golden_digests(fp32_config):
-    """GPTQ's integers (all of them, also those the plan keeps exact) and the smoothing maxima: the
-    same on every run and every machine."""
+    """GPTQ's integers and corrections (all of them, also those the plan keeps exact) and the smoothing
+    maxima: the same on every run and every machine."""
     golden = json.loads(GOLDEN_DECISIONS_PATH.read_text())
     assert calibration_digests(fp32_config) == {k: golden[k] for k in ("gptq_integers", "smoothing_maxima")}
 

@@ -177,8 +177,34 @@ def test_gptq_integers_are_reproducible(tiny_model_dir, monkeypatch):
     assert len(a) == 2 and set(a[0]) == {"qkv", "o", "gate_up", "down"}
     for x, y in zip(a, b):
         for name in x:
-            assert torch.equal(x[name][0], y[name][0]) and torch.equal(x[name][1], y[name][1])
+            assert len(x[name]) == 3 and all(torch.equal(u, v) for u, v in zip(x[name], y[name]))  # integers, scales, corrections
             assert x[name][0].dtype == torch.int8
+            assert x[name][2].shape == x[name][1].shape and x[name][2].dtype == torch.float32
+
+
+def test_bias_correction_zeroes_the_mean_error_on_the_calibration_rows(tiny_model_dir, monkeypatch):
+    """Served with its correction as a bias, each 8-bit projection's mean output error over the
+    calibration rows (fp32 model's inputs) is zero up to float32 rounding; without it, it is not."""
+    from prism_backend.model.gptq import measure_corrections
+    from prism_backend.text.tokenizer import load_tokenizer
+
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", "off")
+    config = EngineConfig(model_dir=tiny_model_dir("llama3"))
+    corrected = calibration.gptq_integers(config)
+    plain = [{name: ints[:2] for name, ints in layer.items()} for layer in corrected]
+    spec, weights = load_model(config.model_dir)
+    rotate(spec, weights)
+    forests = [build_forest([r], block_tokens=spec.max_context)
+               for r in calibration.gptq_requests(load_tokenizer(config.model_dir), spec.max_context)]
+    model = calibration._replayable(ForestTransformer(spec, weights, every_row=True))
+    with torch_threads(1):
+        residual = measure_corrections(model, forests, corrected)
+        uncorrected = measure_corrections(model, forests, plain)
+    for layer, before, after in zip(corrected, uncorrected, residual):
+        for name in layer:
+            assert torch.equal(before[name], layer[name][2])  # what the calibration stored
+            assert before[name].abs().max() > 0
+            assert after[name].abs().max() < 0.01 * before[name].abs().max(), name
 
 
 def test_the_plan_keeps_the_named_projections_exact(tiny_model_dir):

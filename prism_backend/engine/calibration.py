@@ -3,7 +3,8 @@ and the disk cache that computes it once per checkpoint.
 
   exact  SmoothQuant's activation maxima (model/smoothing.py folds them into the weights);
   int8   GPTQ's 8-bit integers of every projection of the rotated model (model/rotation.py,
-         model/gptq.py), from the Hessians of the projections' inputs; the precision plan
+         model/gptq.py), from the Hessians of the projections' inputs, and each one's bias
+         correction (its mean output error, from a second forward); the precision plan
          (EngineConfig.keep_exact) picks which of them are served.
 
 The prompts (calibration_prompts.py): chat-formatted decision prompts over documents of the kinds
@@ -107,10 +108,11 @@ def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
         return calibrate(_replayable(ForestTransformer(spec, weights)), forests)
 
 
-def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """GPTQ's 8-bit integers and scales of every projection of the rotated full model, per layer
-    {"qkv", "o", "gate_up", "down": (integers (out, in) int8, scales (out,) float32)}; stored on
-    disk for the next build of the same checkpoint and code."""
+def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """GPTQ's 8-bit integers and scales of every projection of the rotated full model, and the bias
+    correction of each (its mean output error on the calibration rows, model/gptq.py), per layer
+    {"qkv", "o", "gate_up", "down": (integers (out, in) int8, scales (out,) float32, correction
+    (out,) float32)}; stored on disk for the next build of the same checkpoint and code."""
     stored = entry(config.model_dir, GPTQ)
     tensors = load(stored, raw=True)
     if tensors is None:
@@ -120,7 +122,7 @@ def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, to
 
 
 def _gptq(config: EngineConfig) -> list[dict]:
-    from ..model.gptq import collect_hessians, quantize_all
+    from ..model.gptq import collect_hessians, measure_corrections, quantize_all
     from ..model.rotation import rotate
 
     spec, weights = load_model(config.model_dir)
@@ -128,8 +130,11 @@ def _gptq(config: EngineConfig) -> list[dict]:
     tokenizer = load_tokenizer(config.model_dir)
     forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
     with torch_threads(1):  # GPTQ's LAPACK/BLAS steps in one order (the forward and Hessians are exact)
-        hessians = collect_hessians(_replayable(ForestTransformer(spec, weights, every_row=True)), forests)
-        return quantize_all(weights, hessians)
+        model = _replayable(ForestTransformer(spec, weights, every_row=True))
+        integers = quantize_all(weights, collect_hessians(model, forests))
+        corrections = measure_corrections(model, forests, integers)  # a second forward, the same rows
+    return [{name: (*ints, layer_corrections[name]) for name, ints in layer.items()}
+            for layer, layer_corrections in zip(integers, corrections)]
 
 
 def _replayable(model: ForestTransformer) -> ForestTransformer:
@@ -148,9 +153,10 @@ def _replayable(model: ForestTransformer) -> ForestTransformer:
 def _integers_to_tensors(integers: list[dict]) -> dict[str, torch.Tensor]:
     tensors = {}
     for layer, projections in enumerate(integers):
-        for name, (q, scale) in projections.items():
+        for name, (q, scale, correction) in projections.items():
             tensors[f"{layer}.{name}.int"] = q.to(torch.int8).contiguous()
             tensors[f"{layer}.{name}.scale"] = scale.contiguous()
+            tensors[f"{layer}.{name}.correction"] = correction.contiguous()
     return tensors
 
 
@@ -159,7 +165,8 @@ def _integers_from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict]:
     for key in tensors:
         layer, name, part = key.split(".")
         if part == "int":
-            layers.setdefault(int(layer), {})[name] = (tensors[key], tensors[f"{layer}.{name}.scale"])
+            layers.setdefault(int(layer), {})[name] = (tensors[key], tensors[f"{layer}.{name}.scale"],
+                                                       tensors[f"{layer}.{name}.correction"])
     return [layers[i] for i in range(len(layers))]
 
 

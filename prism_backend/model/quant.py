@@ -52,8 +52,9 @@ class Int8Linear:
                  integers: tuple[torch.Tensor, torch.Tensor] | None = None):
         """weight: (out, in) float32 -> integer weight W (in, out) for this CPU's exact route
         (exact_matmul.ExactWeight) and per-output-channel scales (out,), rounded to nearest here;
-        or `integers` = (W (out, in) integer-valued, scales (out,)) rounded elsewhere (GPTQ, gptq.py),
-        |W| <= int_bound(settings.weight_passes).
+        or `integers` = (W (out, in) integer-valued, scales (out,)[, correction (out,)]) rounded
+        elsewhere (GPTQ, gptq.py), |W| <= int_bound(settings.weight_passes); a correction (the mean
+        output error calibration measured: gptq.measure_corrections) is added to the bias.
 
         settings.group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel).
         The row maxima of weights and activations are then all-reduced with MAX and the exact
@@ -63,6 +64,8 @@ class Int8Linear:
         self.act_bound, self.weight_bound = int_bound(self.act_passes), int_bound(self.weight_passes)
         if integers is not None:
             w_int, self.w_scale = integers[0].float(), integers[1].float()  # (out, in), (out,)
+            if len(integers) > 2:  # the bias correction: one float32 addition, here, once
+                bias = integers[2] if bias is None else bias + integers[2]
             if w_int.abs().max() > self.weight_bound:
                 raise ValueError(f"integer weights beyond {self.weight_bound} for {self.weight_passes} pass(es)")
         else:

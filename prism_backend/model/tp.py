@@ -86,9 +86,10 @@ def shard_stats(stats: list[dict], spec: ModelSpec, shard: Shard | None) -> list
 
 
 def shard_integers(integers: list[dict], spec: ModelSpec, shard: Shard | None) -> list[dict]:
-    """8-bit integers and scales of the full model's projections (engine/calibration.py) -> this
-    rank's: rows of q/k/v and gate/up (with their scales), input columns of o and down (whose
-    per-output-channel scales are the full rows': every rank's partial sums share them)."""
+    """8-bit integers, scales and corrections of the full model's projections (engine/calibration.py)
+    -> this rank's: rows of q/k/v and gate/up (with their scales and corrections), input columns of o
+    and down (whose per-output-channel scales and corrections are the full rows': every rank's
+    partial sums share them, and the correction is added once, after the all-reduce)."""
     if shard is None:
         return integers
     D, I = spec.head_dim, spec.intermediate_size
@@ -103,8 +104,8 @@ def shard_integers(integers: list[dict], spec: ModelSpec, shard: Shard | None) -
         local.append({
             "qkv": tuple(t[qkv_rows] for t in layer["qkv"]),
             "gate_up": tuple(t[gate_up_rows] for t in layer["gate_up"]),
-            "o": (layer["o"][0][:, q], layer["o"][1]),
-            "down": (layer["down"][0][:, slice(*shard.columns)], layer["down"][1]),
+            "o": (layer["o"][0][:, q], *layer["o"][1:]),
+            "down": (layer["down"][0][:, slice(*shard.columns)], *layer["down"][1:]),
         })
     return local
 

@@ -39,9 +39,9 @@ class Projections:
             sizes = [spec.q_dim, 2 * spec.kv_dim]
             w_q, w_kv = lw.wqkv.split(sizes)
             b_q, b_kv = lw.bqkv.split(sizes) if lw.bqkv is not None else (None, None)
-            if "qkv" in integers:  # rows of per-output-channel integers split like the weight
-                (q_int, kv_int), (q_scale, kv_scale) = (t.split(sizes) for t in integers["qkv"])
-                integers = {**integers, "q": (q_int, q_scale), "kv": (kv_int, kv_scale)}
+            if "qkv" in integers:  # rows of per-output-channel integers (scales, correction) split like the weight
+                q_part, kv_part = zip(*(t.split(sizes) for t in integers["qkv"]))
+                integers = {**integers, "q": q_part, "kv": kv_part}
             self.q, self.kv = make(w_q, b_q, name="q"), make(w_kv, b_kv, name="kv")
         else:
             self.qkv = make(lw.wqkv, lw.bqkv, name="qkv")
