@@ -64,11 +64,11 @@ def skip_unless_route_available(route: str) -> None:
     cannot run on this CPU at all, naming the instructions it lacks."""
     from kernels.cpu import exact_gemm
 
-    if route == "vnni8" and not exact_gemm.vnni8_available():
+    if route in ("vnni8", "vnni16") and not exact_gemm.vnni8_available():
         pytest.skip(isa_reason("avx512_vnni"))
     if route in ("amx8", "amx_digits") and not has_amx_int8():
         pytest.skip(isa_reason("amx_int8"))
-    if route in ("int16", "vnni8", "amx8", "amx_digits") and exact_gemm.load() is None:
+    if route in ("int16", "vnni16", "vnni8", "amx8", "amx_digits") and exact_gemm.load() is None:
         pytest.skip(isa_reason("avx2") if not has_avx2() else f"the kernel library: {exact_gemm.why_not()}")
 
 

@@ -69,7 +69,8 @@ def test_int_mm_is_exact_and_row_invariant():
 
 PASS_CASES = [(1, 1, 0.02), (2, 1, 0.008), (1, 2, 0.02), (2, 2, 8e-4), (3, 2, 4e-4)]
 # every route for every pass count; the 8-bit kernel only where it applies (one pass a side)
-ROUTE_CASES = [(*case, route) for case in PASS_CASES for route in ("int_mm", "int16", "vnni8", "amx8", "amx_digits", "float")
+ROUTE_CASES = [(*case, route) for case in PASS_CASES
+               for route in ("int_mm", "int16", "vnni16", "vnni8", "amx8", "amx_digits", "float")
                if route not in ("vnni8", "amx8") or case[:2] == (1, 1)]
 
 
@@ -88,7 +89,7 @@ def test_int8_linear_rows_are_batch_invariant_and_close(passes, weight_passes, b
     monkeypatch.setattr(exact_matmul, "_route", route)
     lin = Int8Linear(w, bias, ComputeSettings("int8", passes, weight_passes))
     # 3 passes exceed int16 (the float route takes them) and the AMX digits kernel's two digits (int_mm)
-    assert lin.w.route == {("int16", 3): "float", ("amx_digits", 3): "int_mm"}.get((route, passes), route)
+    assert lin.w.route == {("int16", 3): "float", ("vnni16", 3): "float", ("amx_digits", 3): "int_mm"}.get((route, passes), route)
     full = lin(x)
     for i in (0, 17, 32):
         assert torch.equal(lin(x[i : i + 1]), full[i : i + 1])
@@ -144,7 +145,8 @@ def test_thread_count_check_compares_configured_with_one_thread():
 
 @pytest.mark.parametrize("k", [576, 1040, 1041, 1536, 4100])
 @pytest.mark.parametrize("act_passes, weight_passes, route",
-                         [(*p, r) for p in [(1, 1), (2, 2), (3, 2)] for r in ("int_mm", "int16", "vnni8", "amx8", "amx_digits", "float")
+                         [(*p, r) for p in [(1, 1), (2, 2), (3, 2)]
+                          for r in ("int_mm", "int16", "vnni16", "vnni8", "amx8", "amx_digits", "float")
                           if r not in ("vnni8", "amx8") or p == (1, 1)])
 def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes, route):
     """torch._int_mm on the int8 passes, the int16 and 8-bit kernels and the float GEMMs
@@ -162,14 +164,16 @@ def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes, route):
     x[1], w[:, 1] = -xb, wb
     exact = x.long() @ w.long()
     weight = ExactWeight(w, act_passes, weight_passes, route)
-    assert weight.route == {("int16", 3): "float", ("amx_digits", 3): "int_mm"}.get((route, act_passes), route)
+    assert weight.route == {("int16", 3): "float", ("vnni16", 3): "float", ("amx_digits", 3): "int_mm"}.get(
+        (route, act_passes), route)
     got = weight.matmul(x)
     assert got.dtype == torch.float64 and torch.equal(got.long(), exact)
 
 
 def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     """route() times every route that can run here, per pass count, and keeps the fastest; the
-    int16 kernel is never a candidate for integers beyond int16 (three activation passes)."""
+    int16 kernel (either form) is never a candidate for integers beyond int16 (three activation
+    passes), its VNNI form a candidate exactly where the CPU has AVX-512 VNNI."""
     from kernels.cpu import exact_gemm
     from prism_backend.model import exact_matmul
 
@@ -187,21 +191,22 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
 
     has_int16, has_vnni8 = exact_gemm.load() is not None, exact_gemm.vnni8_available()
     has_amx8 = exact_gemm.amx8_available()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni8": 0.5, "amx8": 0.7,
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni16": 2.25, "vnni8": 0.5, "amx8": 0.7,
                                                       "amx_digits": 1.5, "float": 3.0}))
     assert exact_matmul.route(2, 2) == "int_mm"  # the 8-bit kernel is no candidate for two passes
-    assert set(timed) == {"int_mm", "float"} | ({"int16"} if has_int16 else set()) | ({"amx_digits"} if has_amx8 else set())
+    assert set(timed) == ({"int_mm", "float"} | ({"int16"} if has_int16 else set()) | ({"vnni16"} if has_vnni8 else set())
+                          | ({"amx_digits"} if has_amx8 else set()))
     timed.clear()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 0.5, "amx8": 0.7,
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni16": 1.25, "vnni8": 0.5, "amx8": 0.7,
                                                       "amx_digits": 1.5, "float": 2.0}))
     assert exact_matmul.route(2, 2) == "int_mm"  # chosen once per process, pass counts and shape
-    assert exact_matmul.route(3, 2) == "float" and "int16" not in timed  # 3 passes do not fit int16
+    assert exact_matmul.route(3, 2) == "float" and not {"int16", "vnni16"} & set(timed)  # 3 passes do not fit int16
     assert exact_matmul.route(1, 1) == ("vnni8" if has_vnni8 else "int16" if has_int16 else "float")
     assert ("vnni8" in timed) == has_vnni8  # a candidate for one pass a side where the CPU runs it
     assert ("amx8" in timed) == has_amx8  # likewise the AMX variant
     exact_matmul._fastest.clear()
     timed.clear()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni8": 1.5, "amx8": 0.4,
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni16": 1.25, "vnni8": 1.5, "amx8": 0.4,
                                                       "amx_digits": 0.5, "float": 2.0}))
     # a slower 8-bit kernel is not kept
     assert exact_matmul.route(1, 1) == ("amx8" if has_amx8 else "int16" if has_int16 else "float")

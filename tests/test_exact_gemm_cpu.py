@@ -1,5 +1,5 @@
-"""The exact CPU GEMMs (kernels/cpu/exact_gemm.py, C++ in kernels/cpu/csrc/exact_gemm.cpp), the AVX2
-int16 kernel and the AVX-512 VNNI 8-bit one, against their torch reference, the float64 product of the
+"""The exact CPU GEMMs (kernels/cpu/exact_gemm.py, C++ in kernels/cpu/csrc/exact_gemm.cpp), the int16
+kernel (AVX2, and its AVX-512 VNNI form) and the AVX-512 VNNI 8-bit one, against their torch reference, the float64 product of the
 same integers: exact at the bounds, for awkward shapes, at any thread count, with their fused
 quantisation and dequantisation giving the bits of the unfused torch code, and built once into the
 library's cache."""
@@ -24,6 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = needs("avx2")  # the int16 kernel is for x86 CPUs with AVX2
 
 
+@pytest.fixture(params=[False, pytest.param(True, marks=needs("avx512_vnni"))], ids=["avx2", "vnni16"])
+def vnni(request) -> bool:
+    """The int16 kernel's two forms: AVX2 (vpmaddwd) and AVX-512 VNNI (vpdpwssd, where the CPU has it)."""
+    return request.param
+
+
 def extreme_integers(m: int, k: int, n: int, xb: int, wb: int, seed: int = 0):
     """Random integers within the bounds, with rows/columns that make every product the largest
     possible (+ and -): the sums an int32 chunk must hold without overflow."""
@@ -46,10 +52,10 @@ def test_the_kernel_builds_on_this_machine():
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (6, 2, 16), (7, 1536, 192), (37, 1100, 1537),
                                      (13, 31, 3)])
 @pytest.mark.parametrize("passes", [(1, 1), (2, 2), (2, 1), (1, 2)])
-def test_exact_at_the_bounds(m, k, n, passes):
+def test_exact_at_the_bounds(m, k, n, passes, vnni):
     xb, wb = int_bound(passes[0]), int_bound(passes[1])
     x, w = extreme_integers(m, k, n, xb, wb, seed=m * k + n)
-    got = PackedWeight(w, wb).matmul(x, xb)
+    got = PackedWeight(w, wb, vnni=vnni).matmul(x, xb)
     assert got.dtype == torch.float64 and torch.equal(got, x.double() @ w.double())
     assert got[0, 0] == k * xb * wb  # the largest possible sum really was computed
 
@@ -60,19 +66,21 @@ def raw_product(x: torch.Tensor, packed: PackedWeight, block: int, row_max: torc
     out = torch.empty(m, packed.n, dtype=torch.float64)
     x16 = torch.nn.functional.pad(x.to(torch.int16), (0, 2 * packed.kpairs - x.shape[1])).contiguous()
     row_max = packed.row_max if row_max is None else row_max
-    exact_gemm.load().prism_int16_gemm(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(),
-                                       row_max.data_ptr(), packed.n, block, None, None, None, out.data_ptr(), 1)
+    lib = exact_gemm.load()
+    kernel = lib.prism_vnni16_gemm if packed.vnni else lib.prism_int16_gemm
+    kernel(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(), row_max.data_ptr(), packed.n, block, None, None,
+           None, out.data_ptr(), 1)
     return out
 
 
-def test_the_block_is_what_keeps_int32_exact_at_the_bounds():
+def test_the_block_is_what_keeps_int32_exact_at_the_bounds(vnni):
     """The block is the largest that cannot overflow, and one more k-pair per block does overflow:
     at the bounds the widening to float64 after every block is what makes 13-bit x 13-bit exact."""
     xb = wb = int_bound(2)
     block = chunk_pairs(xb, wb)
     assert 2 * block * xb * wb <= 2**31 - 1 < 2 * (block + 1) * xb * wb
     x, w = extreme_integers(3, 4 * block + 6, 20, xb, wb)
-    packed = PackedWeight(w, wb)
+    packed = PackedWeight(w, wb, vnni=vnni)
     assert torch.equal(raw_product(x, packed, block), x.double() @ w.double())
     assert raw_product(x, packed, block + 1)[0, 0] != x[0].double() @ w[:, 0].double()
 
@@ -89,14 +97,14 @@ def typical_integers(m: int, k: int, n: int, seed: int = 0):
     return x, w
 
 
-def test_runs_span_many_blocks_where_the_data_allows():
+def test_runs_span_many_blocks_where_the_data_allows(vnni):
     """On typical integers the kernel sums runs of many blocks in int32 (so it widens rarely),
     exactly: with column maxima that claim W is zero it overflows, so the runs really are guarded by
     the data's own bound, not by the worst case."""
     x, w = typical_integers(7, 1536, 40)
     x = (x * 2).clamp(-int_bound(2), int_bound(2))
     w[:, 0] = torch.where(x[0] < 0, -int_bound(2), int_bound(2))  # row 0 x column 0 adds up |x| * 8191
-    packed = PackedWeight(w, int_bound(2))
+    packed = PackedWeight(w, int_bound(2), vnni=vnni)
     block = chunk_pairs(int_bound(2), int_bound(2))
     exact = x.double() @ w.double()
     bound = (x.abs().double() @ w.abs().amax(dim=1).double())  # (m,): what a whole-K run would need
@@ -107,7 +115,7 @@ def test_runs_span_many_blocks_where_the_data_allows():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_runs_are_exact_when_rows_of_a_tile_differ(seed):
+def test_runs_are_exact_when_rows_of_a_tile_differ(seed, vnni):
     """A tile's run ends where its largest row needs it to: small rows next to rows at the bound,
     and rows whose bound sits just below or just above 2^31 at a block boundary."""
     xb = wb = int_bound(2)
@@ -119,7 +127,7 @@ def test_runs_are_exact_when_rows_of_a_tile_differ(seed):
     per_k = 2**31 // (2 * block * wb * 5)  # a constant row whose 5-block run sums to just below 2^31
     x[7] = per_k
     x[8] = per_k + 1  # ... and just above it
-    packed = PackedWeight(w, wb)
+    packed = PackedWeight(w, wb, vnni=vnni)
     assert torch.equal(packed.matmul(x, xb), x.double() @ w.double())
 
 
@@ -130,25 +138,25 @@ def test_fits():
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("m, k, n", [(1, 576, 1536), (37, 577, 19), (760, 1536, 576)])
-def test_fused_dequantisation_equals_the_torch_epilogue(m, k, n, bias):
+def test_fused_dequantisation_equals_the_torch_epilogue(m, k, n, bias, vnni):
     xb = wb = int_bound(2)
     x, w = extreme_integers(m, k, n, xb, wb, seed=k)
     gen = torch.Generator().manual_seed(1)
     x_scale = torch.rand(m, 1, generator=gen) * 1e-3
     w_scale = torch.rand(n, generator=gen) * 1e-4
     b = torch.randn(n, generator=gen) if bias else None
-    packed = PackedWeight(w, wb)
+    packed = PackedWeight(w, wb, vnni=vnni)
     fused = packed.matmul(x, xb, x_scale, w_scale, b)
     assert fused.dtype == torch.float32
     assert torch.equal(fused, dequantize(packed.matmul(x, xb), x_scale, w_scale, b))
 
 
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 760])
-def test_rows_and_thread_counts_cannot_change_a_bit(m):
+def test_rows_and_thread_counts_cannot_change_a_bit(m, vnni):
     xb = wb = int_bound(2)
     x, w = extreme_integers(760, 1537, 577, xb, wb, seed=m)
     x_scale, w_scale = torch.rand(760, 1) * 1e-3, torch.rand(577) * 1e-4
-    packed = PackedWeight(w, wb)
+    packed = PackedWeight(w, wb, vnni=vnni)
     with torch_threads(1):
         full = packed.matmul(x, xb, x_scale, w_scale, None)
     for threads in (1, 2, 3, 4):
@@ -220,6 +228,7 @@ def test_the_8_bit_kernel_is_a_route_exactly_where_the_cpu_runs_it():
     assert exact_matmul.runs_here("vnni8", 127, 127) == here
     assert not exact_matmul.runs_here("vnni8", int_bound(2), 127)
     assert not exact_matmul.runs_here("vnni8", 127, int_bound(2))
+    assert exact_matmul.runs_here("vnni16", int_bound(2), int_bound(2)) == here  # the int16 kernel's VNNI form
     if here:  # a forced 8-bit route for two passes takes the next exact kernel
         assert exact_matmul.ExactWeight(torch.zeros(8, 3), 2, 2, "vnni8").route == "int16"
         assert exact_matmul.ExactWeight(torch.zeros(8, 3), 1, 1, "vnni8").route == "vnni8"

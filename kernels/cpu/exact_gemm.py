@@ -1,7 +1,8 @@
-"""Exact integer GEMMs for x86 CPUs: int16 x int16 (AVX2), uint8 x int8 (AVX-512 VNNI, or AMX tiles)
+"""Exact integer GEMMs for x86 CPUs: int16 x int16 (AVX2, and AVX-512 VNNI), uint8 x int8 (AVX-512 VNNI, or AMX tiles)
 and integers of one or two base-128 digits (AMX tiles), all with exact int32 sums widened to float64,
 Prism's row quantisation and its dequantising epilogue fused in. One C++ library (csrc/exact_gemm.cpp),
-built with g++ on first use: PackedWeight is the AVX2 int16 kernel, PackedWeight8 the 8-bit one (one
+built with g++ on first use: PackedWeight is the int16 kernel (AVX2, or `vnni=True` for its AVX-512
+VNNI form), PackedWeight8 the 8-bit one (one
 quantisation pass a side; `amx=True` for its AMX variant), AmxDigitWeight the AMX digits kernel, and
 DigitWeight feeds torch._int_mm (oneDNN) the library's digits and combines its products.
 
@@ -98,6 +99,8 @@ def load():
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.prism_vnni16_gemm.restype = None
+        lib.prism_vnni16_gemm.argtypes = lib.prism_int16_gemm.argtypes
         lib.prism_quantize_rows_u8.restype = None
         lib.prism_quantize_rows_u8.argtypes = lib.prism_quantize_rows.argtypes
         lib.prism_vnni8_gemm.restype = None
@@ -195,12 +198,14 @@ def _epilogue(m: int, n: int, x_scale, w_scale, bias) -> tuple[torch.Tensor, _Ep
 
 
 class PackedWeight:
-    """An integer weight W (K, N), |W| <= w_bound < 2^15, packed into the AVX2 int16 kernel's panels."""
+    """An integer weight W (K, N), |W| <= w_bound < 2^15, packed into the int16 kernel's panels: for
+    the AVX2 kernel (vpmaddwd), or with `vnni` for its AVX-512 VNNI form (vpdpwssd; the same panels,
+    operands and exact int32 runs, twice the products per instruction and no separate addition)."""
 
-    def __init__(self, w_int: torch.Tensor, w_bound: int):
+    def __init__(self, w_int: torch.Tensor, w_bound: int, vnni: bool = False):
         """w_int: (K, N) integer-valued tensor."""
         k, n = w_int.shape
-        self.k, self.n, self.w_bound = k, n, w_bound
+        self.k, self.n, self.w_bound, self.vnni = k, n, w_bound, vnni
         self.kpairs, panels = (k + 1) // 2, -(-n // PANEL)
         padded = torch.zeros(2 * self.kpairs, panels * PANEL, dtype=torch.int16)
         padded[:k, :n] = w_int.to(torch.int16)
@@ -227,15 +232,17 @@ class PackedWeight:
         lib = _library()
         if not fits(x_bound, self.w_bound):
             raise ValueError(f"integers up to {x_bound} x {self.w_bound} do not fit the int16 kernel")
+        if self.vnni and not has_avx512_vnni():
+            raise RuntimeError("the int16 kernel's VNNI form needs a CPU with AVX-512 VNNI")
         m = x_int.shape[0]
         x16 = x_int if x_int.dtype == torch.int16 and x_int.shape[1] == 2 * self.kpairs else x_int.to(torch.int16)
         if x16.shape[1] != 2 * self.kpairs:
             x16 = torch.nn.functional.pad(x16, (0, 1))
         x16 = x16.contiguous()
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
-        lib.prism_int16_gemm(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
-                             chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(),
-                             torch.get_num_threads())
+        kernel = lib.prism_vnni16_gemm if self.vnni else lib.prism_int16_gemm
+        kernel(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
+               chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
         return out
 
 

@@ -21,6 +21,10 @@ runs can never change a bit:
           one float32 GEMM's time (bench/gemm_routes.py), with the dequantisation fused in. This is
           why two passes mean 13 bits: 2 * 16 * 8191^2 < 2^31, so int32 lanes sum 32 products even
           at the bounds (and runs of many such blocks where the rows' own values allow).
+  vnni16  the int16 kernel's AVX-512 VNNI form (CPUs with AVX-512 VNNI): the same panels, operands,
+          runs and epilogue, vpdpwssd adding two int16 products into each of 16 int32 lanes in one
+          instruction. A 13-bit x 13-bit product in one 16-bit product, where the digit routes
+          (`int_mm`) take four 8-bit ones.
   vnni8   one pass a side (|x|, |w| <= 127) on CPUs with AVX-512 VNNI: the same library's 8-bit
           kernel, vpdpbusd on the activations + 128 (its unsigned operand) and the int8 weights, the
           zero point's column sums subtracted; int32 lanes that cannot overflow for K < 66,000, with
@@ -65,7 +69,7 @@ from kernels.cpu import exact_gemm
 EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
 PASS_BASE = exact_gemm.DIGIT_BASE  # base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
 BOUNDS = {1: 127, 2: 8191, 3: 127 * PASS_BASE**2}
-ROUTES = ("int_mm", "int16", "vnni8", "amx8", "amx_digits", "float")
+ROUTES = ("int_mm", "int16", "vnni16", "vnni8", "amx8", "amx_digits", "float")
 # the variable that forces a route, and its older name (read where the new one is not set)
 ROUTE_VARIABLE, OLD_ROUTE_VARIABLE = "PRISM_EXACT_ROUTE", "PRISM_INT8_ROUTE"
 _route: str | None = None  # a forced route (PRISM_EXACT_ROUTE, tests) for every pass count, or None
@@ -147,8 +151,8 @@ def _forced() -> str | None:
             raise ValueError(f"{name} must be one of {ROUTES}, got {forced!r}")
         if forced == "int16" and exact_gemm.load() is None:
             raise RuntimeError(f"{name}=int16: {exact_gemm.why_not()}")
-        if forced == "vnni8" and not exact_gemm.vnni8_available():
-            raise RuntimeError(f"{name}=vnni8: needs the kernel library and a CPU with AVX-512 VNNI")
+        if forced in ("vnni8", "vnni16") and not exact_gemm.vnni8_available():
+            raise RuntimeError(f"{name}={forced}: needs the kernel library and a CPU with AVX-512 VNNI")
         if forced in ("amx8", "amx_digits") and not exact_gemm.amx8_available():
             raise RuntimeError(f"{name}={forced}: needs the kernel library and a CPU with AMX int8 tiles")
         _route = forced
@@ -194,10 +198,12 @@ def chosen_routes() -> dict[tuple[int, int, int, int], str]:
 
 def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
     """Whether `route_name` can multiply integers of these bounds on this machine: int16 where its
-    library loads and they fit int16, vnni8 for 8-bit integers on AVX-512 VNNI CPUs, amx8 for them on
+    library loads and they fit int16, vnni16 for them on AVX-512 VNNI CPUs, vnni8 for 8-bit integers there, amx8 for them on
     CPUs with AMX int8 tiles, amx_digits there for integers of up to two digits (13 bits), the rest always."""
     if route_name == "int16":
         return exact_gemm.load() is not None and exact_gemm.fits(x_bound, w_bound)
+    if route_name == "vnni16":
+        return exact_gemm.fits(x_bound, w_bound) and exact_gemm.vnni8_available()
     if route_name == "vnni8":
         return exact_gemm.fits8(x_bound, w_bound) and exact_gemm.vnni8_available()
     if route_name == "amx8":
@@ -209,7 +215,7 @@ def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
 
 class ExactWeight:
     """An integer weight W (K, N), prepared for one route: int8 digits for `int_mm` (and for the
-    Triton-lang kernel), int16 panels for `int16`, float32 K-chunks (one pass each side) or a float64
+    Triton-lang kernel), int16 panels for `int16` and `vnni16`, float32 K-chunks (one pass each side) or a float64
     copy for `float`."""
 
     def __init__(self, w_int: torch.Tensor, act_passes: int, weight_passes: int, chosen: str | None = None):
@@ -223,10 +229,10 @@ class ExactWeight:
             self.route = "int16"  # a forced route for more than one pass: the next exact kernel
         if self.route == "amx_digits" and max(act_passes, weight_passes) > exact_gemm.AmxDigitWeight.MAX_PASSES:
             self.route = "int_mm"  # a forced route for three passes: the exact route for any digits
-        if self.route == "int16" and not exact_gemm.fits(self.x_bound, self.w_bound):
+        if self.route in ("int16", "vnni16") and not exact_gemm.fits(self.x_bound, self.w_bound):
             self.route = "float"  # three activation passes: integers beyond int16
         self.digits = None  # (K, N) int8 each, most significant first: int_mm and the Triton-lang kernel
-        # the weight of a kernel that also quantises and dequantises (int16, vnni8 / amx8, amx_digits,
+        # the weight of a kernel that also quantises and dequantises (int16 / vnni16, vnni8 / amx8, amx_digits,
         # or int_mm with the kernel library's quantiser and epilogue), or None
         self.fused = self.fp32_chunks = self.fp64 = None
         if self.route == "int_mm":
@@ -236,8 +242,8 @@ class ExactWeight:
         elif self.route == "amx_digits":
             self.digits = int8_passes(w_int, weight_passes)
             self.fused = exact_gemm.AmxDigitWeight(self.digits, act_passes)
-        elif self.route == "int16":
-            self.fused = exact_gemm.PackedWeight(w_int, self.w_bound)
+        elif self.route in ("int16", "vnni16"):
+            self.fused = exact_gemm.PackedWeight(w_int, self.w_bound, vnni=self.route == "vnni16")
         elif self.route in ("vnni8", "amx8"):
             self.fused = exact_gemm.PackedWeight8(w_int, amx=self.route == "amx8")
         elif act_passes == weight_passes == 1:

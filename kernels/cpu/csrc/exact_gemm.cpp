@@ -84,13 +84,14 @@ struct Operand {
   int blocks;
 };
 
-// The runs of k-pairs for rows row..row+rows-1, from their per-block bounds (m, blocks): whole
-// blocks while every row's sum of bounds stays within int32, and at least one block per run (safe
-// by construction). Writes the runs' ends into `ends` and returns how many there are.
+// The runs of k-pairs for rows row..row+rows-1 (rows <= TILE_ROWS), from their per-block bounds (m,
+// blocks): whole blocks while every row's sum of bounds stays within int32, and at least one block
+// per run (safe by construction). Writes the runs' ends into `ends` and returns how many there are.
+template <int TILE_ROWS>
 inline int plan_runs(const int64_t* bounds, int blocks, int block, int kpairs, int row, int rows, int* ends) {
   int count = 0;
   for (int b = 0; b < blocks;) {
-    int64_t sum[MR] = {};
+    int64_t sum[TILE_ROWS] = {};
     const int first = b;
     for (; b < blocks; ++b) {
       bool fits = true;
@@ -147,13 +148,119 @@ void rows(const Operand& a, const int16_t* panel, int row, int col, int ncols, i
   }
 }
 
+// The work split of the kernels below, called inside their parallel region: rows in blocks of
+// row_block (sized to stay in L2 while every panel of W passes over them), and each block's panels
+// shared out among the threads (static, no barrier: a thread goes on to its panels of the next
+// block at once). compute(p, r0, r1) computes panel p for rows r0..r1-1. Which thread computes a
+// panel never changes its integers.
+template <class Compute>
+inline void by_row_block(int m, int row_block, int panels, Compute compute) {
+  for (int r0 = 0; r0 < m; r0 += row_block) {
+    const int r1 = r0 + row_block < m ? r0 + row_block : m;
+#pragma omp for schedule(static) nowait
+    for (int p = 0; p < panels; ++p) compute(p, r0, r1);
+  }
+}
+
+// The int16 products' driver (AVX2 and AVX-512 VNNI alike): every row's bound per block of k-pairs,
+// every tile's runs (tiles of TILE_ROWS rows), then compute(operand, group, r0, r1) for each of
+// `groups` panel groups and each block of rows, threads over the groups.
+template <int TILE_ROWS, class Compute>
+inline void int16_products(const int16_t* x, int m, int kpairs, const int32_t* wmax, int block, int groups,
+                           int threads, Compute compute) {
+  const long ldx = 2L * kpairs;
+  const int blocks = (kpairs + block - 1) / block;
+  const int tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
+  std::vector<int64_t> bounds((size_t)m * blocks);
+  std::vector<int> run_ends((size_t)tiles * blocks), run_count(tiles);
+  const Operand a{x, ldx, run_ends.data(), run_count.data(), blocks};
+  // Rows in blocks of ~256 KiB of X (kept in L2 while every panel of W passes over them, each panel
+  // in L1/L2 across the block's tiles); without blocking, a wide W (gate_up: 192 panels) re-read
+  // all of X from L3 once per panel.
+  const int row_block = ((256 * 1024 / (int)(ldx * sizeof(int16_t))) / TILE_ROWS + 1) * TILE_ROWS;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int r = 0; r < m; ++r) {  // exact: at most 2 * block products below 2^26 each
+      for (int b = 0; b < blocks; ++b) {
+        int64_t sum = 0;
+        const int k1 = 2 * (b + 1) * block < 2 * kpairs ? 2 * (b + 1) * block : 2 * kpairs;
+        for (int k = 2 * b * block; k < k1; ++k) sum += (int64_t)abs(x[r * ldx + k]) * wmax[k];
+        bounds[(size_t)r * blocks + b] = sum;
+      }
+    }  // the implicit barrier: every bound is written before any tile's runs are planned
+#pragma omp for schedule(static)
+    for (int t = 0; t < tiles; ++t) {
+      const int rows = m - t * TILE_ROWS < TILE_ROWS ? m - t * TILE_ROWS : TILE_ROWS;
+      run_count[t] = plan_runs<TILE_ROWS>(bounds.data(), blocks, block, kpairs, t * TILE_ROWS, rows,
+                                          &run_ends[(size_t)t * blocks]);
+    }  // the implicit barrier again: every tile's runs are planned before any tile is computed
+    by_row_block(m, row_block, groups, [&](int g, int r0, int r1) { compute(a, g, r0, r1); });
+  }
+}
+
+#define PRISM_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+// ---- 16-bit x 16-bit on AVX-512 VNNI (the int16 kernel's integers, operands and runs) ----
+// vpdpwssd multiplies two int16 pairs per int32 lane and adds both products into it: 32 products per
+// 512-bit instruction, one instruction where AVX2 needs vpmaddwd + vpaddd for 16. 13-bit integers take
+// one product here, where the digit routes take four 8-bit ones (2 x 2 base-128 digits). Non-saturating,
+// like vpmaddwd + vpaddd, and the runs (plan_runs) keep every lane within int32 exactly as there; the
+// lanes are widened to float64 at the end of each run. Integer sums, so the same bits as every route.
+constexpr int MR16 = 6;  // rows per tile: 6 rows x 2 panels = 12 zmm accumulators, 2 weight registers
+
+template <int R, int P>
+PRISM_VNNI inline void tile16(const Operand& a, const int16_t* panel, long panel_stride, int row, int col,
+                              int ncols, const Epilogue& e) {
+  const int16_t* x = a.x + row * a.ldx;
+  const long ldx = a.ldx;
+  alignas(64) double c[R][2 * NR] = {};
+  const int tile_index = row / MR16;  // tiles start at multiples of MR16 (row blocks are multiples of MR16)
+  const int* ends = a.run_ends + (long)tile_index * a.blocks;
+  for (int run = 0, k0 = 0, k1; run < a.run_count[tile_index]; ++run, k0 = k1) {
+    k1 = ends[run];
+    __m512i acc[R][P];
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_si512();
+    for (int kp = k0; kp < k1; ++kp) {
+      __m512i b[P];  // panel p's k-pair kp: 16 columns x 2 int16
+      for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_si512(panel + p * panel_stride + kp * 2 * NR);
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        memcpy(&pair, x + r * ldx + 2 * kp, sizeof pair);
+        const __m512i xv = _mm512_set1_epi32(pair);
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpwssd_epi32(acc[r][p], xv, b[p]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < P; ++p) {
+        double* dst = c[r] + NR * p;
+        const __m512d lo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(acc[r][p]));
+        const __m512d hi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc[r][p], 1));
+        _mm512_store_pd(dst, _mm512_add_pd(_mm512_load_pd(dst), lo));
+        _mm512_store_pd(dst + 8, _mm512_add_pd(_mm512_load_pd(dst + 8), hi));
+      }
+  }
+  for (int r = 0; r < R; ++r) store_row(c[r], row + r, col, ncols, e);
+}
+
+// Rows r0..r1-1 of one panel group: whole tiles, then the last tile's rows (fewer than MR16).
+template <int R, int P>
+PRISM_VNNI inline void rows16(const Operand& a, const int16_t* panel, long panel_stride, int r0, int r1, int col,
+                              int ncols, const Epilogue& e) {
+  int r = r0;
+  for (; r + R <= r1; r += R) tile16<R, P>(a, panel, panel_stride, r, col, ncols, e);
+  if constexpr (R > 1) {
+    if (r < r1) rows16<R - 1, P>(a, panel, panel_stride, r, r1, col, ncols, e);
+  }
+}
+
 // ---- 8-bit x 8-bit on AVX-512 VNNI (one activation pass, one weight pass) ----
 // vpdpbusd multiplies 4 unsigned x 4 signed bytes and adds the four products into an int32 lane:
 // 64 products per instruction, twice vpmaddwd's 32 (per 512 bits). The activations go in as
 // u = q + 128 in [1, 255], so each lane sums (q + 128) * w; subtracting 128 * sum_k W[k][c] (`corr`,
 // exact) leaves X @ W. No run can overflow: |lane| <= 4 * kquads * 255 * 127 < 2^31 for K < 66,000
 // (checked by the caller). Integers, so exact in any order: rows, tiles and threads change no bit.
-#define PRISM_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 constexpr int NR8 = 32;  // columns per panel: two 16-lane int32 accumulators per row
 constexpr int MR8 = 8;   // rows per tile: 16 accumulators + 2 weight registers of AVX-512's 32
 
@@ -203,20 +310,6 @@ inline void store8(uint8_t* out, __m256i i32) {  // q + 128 is in [1, 255]: neit
   const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(i16, i16));
 }
-// The work split of both kernels, called inside their parallel region: rows in blocks of row_block
-// (sized to stay in L2 while every panel of W passes over them), and each block's panels shared out
-// among the threads (static, no barrier: a thread goes on to its panels of the next block at once).
-// compute(p, r0, r1) computes panel p for rows r0..r1-1. Which thread computes a panel never changes
-// its integers.
-template <class Compute>
-inline void by_row_block(int m, int row_block, int panels, Compute compute) {
-  for (int r0 = 0; r0 < m; r0 += row_block) {
-    const int r1 = r0 + row_block < m ? r0 + row_block : m;
-#pragma omp for schedule(static) nowait
-    for (int p = 0; p < panels; ++p) compute(p, r0, r1);
-  }
-}
-
 template <typename T>
 constexpr int zero_point() { return sizeof(T) == 1 ? 128 : 0; }
 
@@ -284,40 +377,31 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
                       int threads) {
   const Epilogue e{x_scale, w_scale, bias, out, n};
   const int panels = (n + NR - 1) / NR;
-  const long ldx = 2L * kpairs;
-  const int blocks = (kpairs + block - 1) / block;
-  const int tiles = (m + MR - 1) / MR;
-  std::vector<int64_t> bounds((size_t)m * blocks);
-  std::vector<int> run_ends((size_t)tiles * blocks), run_count(tiles);
-  const Operand a{x, ldx, run_ends.data(), run_count.data(), blocks};
-  // Rows in blocks of ~256 KiB of X (kept in L2 while every panel of W passes over them, each panel
-  // in L1/L2 across the block's tiles); without blocking, a wide W (gate_up: 192 panels) re-read
-  // all of X from L3 once per panel.
-  const int row_block = ((256 * 1024 / (int)(ldx * sizeof(int16_t))) / MR + 1) * MR;
-#pragma omp parallel num_threads(threads)
-  {
-#pragma omp for schedule(static)
-    for (int r = 0; r < m; ++r) {  // exact: at most 2 * block products below 2^26 each
-      for (int b = 0; b < blocks; ++b) {
-        int64_t sum = 0;
-        const int k1 = 2 * (b + 1) * block < 2 * kpairs ? 2 * (b + 1) * block : 2 * kpairs;
-        for (int k = 2 * b * block; k < k1; ++k) sum += (int64_t)abs(x[r * ldx + k]) * wmax[k];
-        bounds[(size_t)r * blocks + b] = sum;
-      }
-    }  // the implicit barrier: every bound is written before any tile's runs are planned
-#pragma omp for schedule(static)
-    for (int t = 0; t < tiles; ++t) {
-      const int rows = m - t * MR < MR ? m - t * MR : MR;
-      run_count[t] = plan_runs(bounds.data(), blocks, block, kpairs, t * MR, rows, &run_ends[(size_t)t * blocks]);
-    }  // the implicit barrier again: every tile's runs are planned before any tile is computed
-    by_row_block(m, row_block, panels, [&](int p, int r0, int r1) {
-      const int16_t* panel = packed + (long)p * kpairs * 2 * NR;
-      const int col = p * NR, ncols = n - col < NR ? n - col : NR;
-      int r = r0;
-      for (; r + MR <= r1; r += MR) tile<MR>(a, panel, r, col, ncols, e);
-      if (r < r1) rows<MR - 1>(a, panel, r, col, ncols, r1 - r, e);
-    });
-  }
+  int16_products<MR>(x, m, kpairs, wmax, block, panels, threads, [&](const Operand& a, int p, int r0, int r1) {
+    const int16_t* panel = packed + (long)p * kpairs * 2 * NR;
+    const int col = p * NR, ncols = n - col < NR ? n - col : NR;
+    int r = r0;
+    for (; r + MR <= r1; r += MR) tile<MR>(a, panel, r, col, ncols, e);
+    if (r < r1) rows<MR - 1>(a, panel, r, col, ncols, r1 - r, e);
+  });
+}
+
+// The same product on AVX-512 VNNI: the same operands (x, packed, wmax, block) and epilogue, tiles of
+// MR16 rows by two panels. Call only where the CPU has AVX-512 VNNI.
+PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax,
+                                  int n, int block, const float* x_scale, const float* w_scale, const float* bias,
+                                  void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, out, n};
+  const int panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2;
+  const long panel_stride = (long)kpairs * 2 * NR;
+  int16_products<MR16>(x, m, kpairs, wmax, block, pairs, threads, [&](const Operand& a, int g, int r0, int r1) PRISM_VNNI {
+    const int16_t* panel = packed + 2L * g * panel_stride;
+    const int col = 2 * g * NR, ncols = n - col < 2 * NR ? n - col : 2 * NR;
+    if (2 * g + 1 < panels)
+      rows16<MR16, 2>(a, panel, panel_stride, r0, r1, col, ncols, e);
+    else
+      rows16<MR16, 1>(a, panel, panel_stride, r0, r1, col, ncols, e);
+  });
 }
 
 // x: (m, 4*kquads) uint8, the activations + 128 (prism_quantize_rows_u8); packed: (ceil(n/32), kquads, 32, 4)
