@@ -17,6 +17,8 @@ SmolLM2-135M's projection shapes at 760 rows (workload a's forest): for each, th
                       (kernels/cpu/exact_gemm.py): the route Prism takes on CPUs without VNNI; on
                       uniform random integers (its int32 runs then end every 16 k-pairs, the worst
                       case) and on decoder-like ones (normal values, a few outlier channels)
+  exact 2+2 (vnni16)  the same by the int16 kernel's AVX-512 VNNI form (vpdpwssd; AVX-512 VNNI CPUs
+                      only), uniform and decoder-like
   exact 2+2 (amx_digits)  the same 13-bit integers as base-128 digits on AMX tiles (AMX CPUs only)
   exact 2+2 (int_mm)  the same digits by four torch._int_mm products, combined by the library
   exact 2+2 (fp64)    the same integers by one float64 GEMM (the route without the int16 kernel)
@@ -93,6 +95,7 @@ def main() -> None:
         one8 = ExactWeight(wf, 1, 1, "vnni8") if exact_gemm.vnni8_available() else None
         xb, wb = xf.bfloat16(), wf.bfloat16()
         two16 = ExactWeight(w2, 2, 2, "int16")
+        two_vnni = exact_gemm.vnni8_available()  # the int16 kernel's VNNI form runs where the 8-bit one does
         one_amx = ExactWeight(wf, 1, 1, "amx8") if exact_gemm.amx8_available() else None
         two_amx = ExactWeight(w2, 2, 2, "amx_digits") if exact_gemm.amx8_available() else None
         two_int_mm = ExactWeight(w2, 2, 2, "int_mm")
@@ -101,7 +104,10 @@ def main() -> None:
         x_real = decoder_like(ROWS, k, gen)
         x2r = (x_real / x_real.abs().amax(dim=1, keepdim=True) * int_bound(2)).round()
         w_real = torch.randn(k, n, generator=gen)
-        two16r = ExactWeight((w_real / w_real.abs().amax(dim=0) * int_bound(2)).round(), 2, 2, "int16")
+        w2r = (w_real / w_real.abs().amax(dim=0) * int_bound(2)).round()
+        two16r = ExactWeight(w2r, 2, 2, "int16")
+        vnni16 = ExactWeight(w2, 2, 2, "vnni16") if two_vnni else None
+        vnni16r = ExactWeight(w2r, 2, 2, "vnni16") if two_vnni else None
         x_old = torch.cat([xf, xf])  # the old default: two activation passes stacked ...
         fb = fbgemm_product(x8, torch.randint(-64, 65, (k, n), dtype=torch.int8, generator=gen))
         times = {
@@ -113,6 +119,10 @@ def main() -> None:
             "exact 1+1 (vnni8)": median_ms(lambda: one8.matmul(xf), args.repeats) if one8 else float("nan"),
             "exact 1+1 (amx8)": median_ms(lambda: one_amx.matmul(xf), args.repeats) if one_amx else float("nan"),
             "exact 2+2 (int16, uniform)": median_ms(lambda: two16.matmul(x2), args.repeats),
+            "exact 2+2 (vnni16, uniform)": (median_ms(lambda: vnni16.matmul(x2), args.repeats) if vnni16
+                                            else float("nan")),
+            "exact 2+2 (vnni16, decoder-like)": (median_ms(lambda: vnni16r.matmul(x2r), args.repeats) if vnni16r
+                                                 else float("nan")),
             "exact 2+2 (amx_digits)": median_ms(lambda: two_amx.matmul(x2), args.repeats) if two_amx else float("nan"),
             "exact 2+2 (int_mm)": median_ms(lambda: two_int_mm.matmul(x2), args.repeats if has_avx512_vnni() else 1),
             "exact 2+2 (int16, decoder-like)": median_ms(lambda: two16r.matmul(x2r), args.repeats),
