@@ -187,7 +187,7 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
                         lambda self, *args: (timed.append(self.route), real_linear(self, *args))[1])
 
     def costs(seconds):  # a stand-in clock: each route takes `seconds[route]`
-        return lambda fn, repeats=5, give_up=math.inf: (fn(), seconds[timed[-1]])[1]
+        return lambda fn: (fn(), seconds[timed[-1]])[1]
 
     has_int16, has_vnni8 = exact_gemm.load() is not None, exact_gemm.vnni8_available()
     has_amx8 = exact_gemm.amx8_available()
@@ -237,28 +237,34 @@ def test_the_route_variable_and_its_older_name(monkeypatch):
         exact_matmul.route(2, 2)
 
 
-def test_route_timing_gives_up_on_a_route_that_cannot_win(monkeypatch):
-    """_time reports the fastest of its timed calls (noise only adds time), stops calling a route
-    once one call takes over five times the best so far (or its warm-up over twenty times it) and
-    reports it as infinitely slow; a route within the bounds is timed in full."""
+def test_route_timing_interleaves_the_routes_and_gives_up_on_one_that_cannot_win(monkeypatch):
+    """_fastest_route keeps each route's fastest call (noise only adds time), times the routes in
+    interleaved rounds (so a burst longer than a call cannot fall on one route alone), and drops a
+    route once one call takes over five times the best so far, or its warm-up over twenty times the
+    fastest warm-up."""
     from prism_backend.model import exact_matmul
 
-    clock = [0.0]
+    clock, log = [0.0], []
     monkeypatch.setattr(exact_matmul.time, "perf_counter", lambda: clock[0])
 
-    def route_taking(*seconds):  # the warm-up's time, then each timed call's (the last repeats)
-        calls = []
-
+    def route(name, seconds, burst=lambda call: 0.0):  # each call takes `seconds` + the burst at that moment
         def fn():
-            clock[0] += seconds[min(len(calls), len(seconds) - 1)]
-            calls.append(1)
-        return fn, calls
+            log.append(name)
+            clock[0] += seconds + burst(len(log))
+        return fn
 
-    fn, calls = route_taking(1.0, 1.0, 3.0, 1.0, 0.75, 1.25)  # a burst in the second call (exact binary times)
-    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == 0.75 and len(calls) == 6
-    fn, calls = route_taking(6.0, 2.0, 6.0, 2.0)  # a slower route, then a call past five times the best
-    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 3
-    fn, calls = route_taking(25.0, 1.0)  # a warm-up past twenty times the best: not timed further
-    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == math.inf and len(calls) == 1
-    fn, calls = route_taking(15.0, 0.5)  # a slow first call within it: timed in full, and faster
-    assert exact_matmul._time(fn, repeats=5, give_up=1.0) == 0.5 and len(calls) == 6
+    # a burst over calls 3-8: timed one after another, "a" (warm-up at call 1, rounds at 2-6) would
+    # have taken 3.0 at best and lost to "b"; interleaved, its later rounds run clean
+    burst = lambda call: 2.0 if 3 <= call <= 8 else 0.0  # noqa: E731
+    calls = {"a": route("a", 1.0, burst), "b": route("b", 1.25, burst)}
+    assert exact_matmul._fastest_route(calls) == "a"
+    assert log == ["a", "b"] + ["a", "b"] * exact_matmul.ROUNDS  # warm-ups, then one call each per round
+    log.clear()
+    calls = {"a": route("a", 1.0), "slow": route("slow", 6.0), "c": route("c", 0.75)}
+    assert exact_matmul._fastest_route(calls) == "c"
+    assert log.count("slow") == 2  # its warm-up, then its first timed call past five times a's 1.0
+    log.clear()
+    calls = {"a": route("a", 1.0), "cold": route("cold", 25.0)}  # a warm-up past twenty times a's
+    assert exact_matmul._fastest_route(calls) == "a" and log.count("cold") == 1
+    log.clear()  # a burst on the only route, past five times its best: still the answer
+    assert exact_matmul._fastest_route({"only": route("only", 1.0, lambda call: 9.0 if call == 4 else 0.0)}) == "only"

@@ -58,9 +58,11 @@ PRISM_EXACT_ROUTE (older name: PRISM_INT8_ROUTE, still read) forces one route fo
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
+from typing import Callable
 
 import torch
 
@@ -109,28 +111,39 @@ def int8_passes(x: torch.Tensor, passes: int) -> list[torch.Tensor]:
     return exact_gemm.split_digits(x, passes)
 
 
-def _time(fn, repeats: int = 5, give_up: float = math.inf) -> float:
-    """The fastest of `repeats` calls of fn after one warm-up call, in seconds: on a shared machine
-    noise only ever adds time, so the minimum is the estimate a burst cannot inflate (a total of
-    three calls once let a burst during the 8-bit kernel's timing pick a 2.5x slower route for a
-    whole process). inf as soon as one call takes more than five times `give_up` (the best time so
-    far: no noise makes a route look that much slower) or the warm-up more than twenty times it (a
-    first call may pay one-off setup, such as oneDNN building its kernel). Without VNNI
-    `torch._int_mm` is a plain loop, ~30x an fp32 GEMM: timing it in full at every start cost a few
-    hundred ms."""
+ROUNDS = 5  # timed calls per route, one per round, after a warm-up call
+
+
+def _time(fn) -> float:
+    """Seconds one call of fn takes."""
     start = time.perf_counter()
     fn()
-    if time.perf_counter() - start > 20 * give_up:
-        return math.inf
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        elapsed = time.perf_counter() - start
-        if elapsed > 5 * give_up:
-            return math.inf
-        best = min(best, elapsed)
-    return best
+    return time.perf_counter() - start
+
+
+def _fastest_route(calls: dict[str, Callable[[], object]]) -> str:
+    """The name of the fastest of `calls` (route -> the served projection on that route): each
+    called once to warm up, then once per round, the routes interleaved within every round, each
+    keeping its fastest call. On a shared machine noise only ever adds time, so the minimum is the
+    estimate a burst cannot inflate; and interleaving spreads a burst that lasts longer than a call
+    -- another process starting, as Triton's other stubs do while the decision model builds -- over
+    every route, where timing the routes one after another once let it fall on one route alone
+    (the 8-bit gate_up then went to `int_mm`, 1.9x slower, for a whole server's life). A route is
+    dropped once one of its calls takes over five times the best so far, or its warm-up over twenty
+    times the fastest warm-up (a first call may pay one-off setup, such as oneDNN building its
+    kernel; without VNNI `torch._int_mm` is a plain loop, ~30x an fp32 GEMM, and timing it in full
+    at every start cost a few hundred ms)."""
+    warm = {name: _time(fn) for name, fn in calls.items()}
+    fastest_warm = min(warm.values())
+    best = {name: math.inf for name in calls if warm[name] <= 20 * fastest_warm}
+    for _ in range(ROUNDS):
+        for name in list(best):
+            elapsed, leader = _time(calls[name]), min(best.values())
+            if elapsed > 5 * leader and best[name] > leader:  # the leader itself is never dropped
+                del best[name]
+            else:
+                best[name] = min(best[name], elapsed)
+    return min(best, key=best.get)
 
 
 def _forced_variable() -> tuple[str, str] | None:
@@ -162,8 +175,8 @@ def _forced() -> str | None:
 def route(act_passes: int = 2, weight_passes: int = 2, shape: tuple[int, int] = (576, 1536)) -> str:
     """The CPU route of this process for a (K, N) = `shape` weight of integers of these pass counts
     (see the module docstring): the fastest at the served projection (quantise, multiply, dequantise:
-    ExactWeight.linear) on 512 rows, timed once per pass counts and shape (~0.1 s each), a route's
-    timing cut short once it cannot win. Per shape, because the winner depends on it: on an Intel
+    ExactWeight.linear) on 512 rows, timed once per pass counts and shape (~0.1 s each), the routes
+    interleaved and a route's timing cut short once it cannot win (_fastest_route). Per shape, because the winner depends on it: on an Intel
     Xeon with AMX, `int_mm` runs a 13-bit down_proj (1536, 576) 2.4x faster than `int16` but a 13-bit
     gate_up (576, 3072) 1.3x slower (its four int32 digit products outgrow the caches). Timing the
     bare product instead of the served projection let the unfused `int_mm` win now and then."""
@@ -180,14 +193,10 @@ def route(act_passes: int = 2, weight_passes: int = 2, shape: tuple[int, int] = 
         x = torch.randn(512, k, generator=gen)  # activations, quantised as served
         w = torch.randint(-w_bound, w_bound + 1, (k, n), generator=gen).float()
         w_scale = torch.full((n,), 1e-3)
-        candidates = [r for r in ROUTES if runs_here(r, x_bound, w_bound)]
-        best, best_seconds = None, math.inf
-        for r in candidates:
-            weight = ExactWeight(w, act_passes, weight_passes, chosen=r)
-            seconds = _time(lambda: weight.linear(x, w_scale, None), give_up=best_seconds)
-            if best is None or seconds < best_seconds:
-                best, best_seconds = r, seconds
-        _fastest[key] = best
+        weights = {r: ExactWeight(w, act_passes, weight_passes, chosen=r)
+                   for r in ROUTES if runs_here(r, x_bound, w_bound)}
+        _fastest[key] = _fastest_route({r: functools.partial(weight.linear, x, w_scale, None)
+                                        for r, weight in weights.items()})
     return _fastest[key]
 
 
