@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
@@ -83,7 +84,8 @@ def main() -> None:
 
     base = {k: median_ms(timings["prism int8, prefix cache"], k) for k in ("new ticket", "seen ticket")}
     lines = [f"# Prefix cache: a stream of {args.tickets} new tickets, each asked a second question once seen", "",
-             f"`.venv/bin/python bench/cache_bench.py --tickets {args.tickets}` on CPU(s) "
+             f"`.venv/bin/python bench/cache_bench.py --tickets {args.tickets}`, {time.strftime('%Y-%m-%d')}, "
+             f"{machine()}, on CPU(s) "
              f"{sorted(os.sched_getaffinity(0))} (one thread per CPU, every engine); one request at a time, "
              "median latency per request kind; ratio = engine / Prism with its cache.", "",
              "| engine | new ticket (ms) | seen ticket, new question (ms) | new: ratio | seen: ratio |",
