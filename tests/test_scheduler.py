@@ -124,3 +124,28 @@ def test_bad_settings_are_refused():
         Scheduler(lambda t: None, lambda i, r: None, max_batch_size=0, bound_s=1)
     with pytest.raises(ValueError):
         Scheduler(lambda t: None, lambda i, r: None, max_batch_size=1, bound_s=0)
+
+
+def test_setup_runs_on_the_thread_that_scores_and_its_error_reaches_start():
+    """The engine is built where it runs (one OpenMP team, Scheduler.start): setup() runs on the
+    scheduler's thread before it serves, start() hands back its result, and an error in setup is
+    raised by start() instead of leaving a thread that serves nothing."""
+    threads = []
+    scored = threading.Event()
+
+    def run_batch(tickets):
+        threads.append(threading.get_ident())
+        scored.set()
+
+    scheduler = Scheduler(run_batch, lambda item, r: None, 2, 10.0)
+    assert scheduler.start(setup=lambda: threads.append(threading.get_ident()) or "engine").setup_result == "engine"
+    assert threads[0] != threading.get_ident()
+    assert scheduler.submit("request") is None and scored.wait(5)
+    assert threads[1] == threads[0]  # scored on the thread that built
+    scheduler.stop()
+
+    def broken():
+        raise RuntimeError("no checkpoint")
+
+    with pytest.raises(RuntimeError, match="no checkpoint"):
+        Scheduler(run_batch, lambda item, r: None, 2, 10.0).start(setup=broken)

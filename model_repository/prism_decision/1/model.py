@@ -28,12 +28,14 @@ def answer(request, response):
 class TritonPythonModel:
     def initialize(self, args):
         config = triton_engine_config(args)
-        self.step = DecisionStep(config)
+        max_batch_size = json.loads(args["model_config"])["max_batch_size"]
+        # the engine is built on the scheduler's thread, where it runs (Scheduler.start says why);
+        # no request reaches the scheduler before initialize() returns
+        self.scheduler = Scheduler(self._run_batch, self._reject, max_batch_size, config.max_queue_wait_s)
+        self.step = self.scheduler.start(setup=lambda: DecisionStep(config)).setup_result
         labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
         self.metrics = EngineMetrics(make_family, labels)
         self.admission = AdmissionMetrics(make_family, labels, REASONS)
-        max_batch_size = json.loads(args["model_config"])["max_batch_size"]
-        self.scheduler = Scheduler(self._run_batch, self._reject, max_batch_size, config.max_queue_wait_s).start()
         self.metrics.set_self_check(self.step.self_check_ok)
         if self.step.self_check_ok:
             check = "bit-identical across batchings, cache state and thread counts"
