@@ -69,6 +69,9 @@ def test_int_mm_is_exact_and_row_invariant():
 
 PASS_CASES = [(1, 1, 0.02), (2, 1, 0.008), (1, 2, 0.02), (2, 2, 8e-4), (3, 2, 4e-4)]
 # every route for every pass count; the 8-bit kernel only where it applies (one pass a side)
+# where a forced route cannot take three activation passes: the int16 kernel (either form) leaves it
+# to the float route, the AMX digits kernel (two digits) to int_mm
+THREE_PASS_FALLBACK = {("int16", 3): "float", ("vnni16", 3): "float", ("amx_digits", 3): "int_mm"}
 ROUTE_CASES = [(*case, route) for case in PASS_CASES
                for route in ("int_mm", "int16", "vnni16", "vnni8", "amx8", "amx_digits", "float")
                if route not in ("vnni8", "amx8") or case[:2] == (1, 1)]
@@ -89,7 +92,7 @@ def test_int8_linear_rows_are_batch_invariant_and_close(passes, weight_passes, b
     monkeypatch.setattr(exact_matmul, "_route", route)
     lin = Int8Linear(w, bias, ComputeSettings("int8", passes, weight_passes))
     # 3 passes exceed int16 (the float route takes them) and the AMX digits kernel's two digits (int_mm)
-    assert lin.w.route == {("int16", 3): "float", ("vnni16", 3): "float", ("amx_digits", 3): "int_mm"}.get((route, passes), route)
+    assert lin.w.route == THREE_PASS_FALLBACK.get((route, passes), route)
     full = lin(x)
     for i in (0, 17, 32):
         assert torch.equal(lin(x[i : i + 1]), full[i : i + 1])
@@ -164,8 +167,7 @@ def test_every_cpu_int8_route_is_exact(k, act_passes, weight_passes, route):
     x[1], w[:, 1] = -xb, wb
     exact = x.long() @ w.long()
     weight = ExactWeight(w, act_passes, weight_passes, route)
-    assert weight.route == {("int16", 3): "float", ("vnni16", 3): "float", ("amx_digits", 3): "int_mm"}.get(
-        (route, act_passes), route)
+    assert weight.route == THREE_PASS_FALLBACK.get((route, act_passes), route)
     got = weight.matmul(x)
     assert got.dtype == torch.float64 and torch.equal(got.long(), exact)
 
@@ -191,14 +193,14 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
 
     has_int16, has_vnni8 = exact_gemm.load() is not None, exact_gemm.vnni8_available()
     has_amx8 = exact_gemm.amx8_available()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni16": 2.25, "vnni8": 0.5, "amx8": 0.7,
-                                                      "amx_digits": 1.5, "float": 3.0}))
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 1.0, "int16": 2.0, "vnni16": 2.25,
+                                                      "vnni8": 0.5, "amx8": 0.7, "amx_digits": 1.5, "float": 3.0}))
     assert exact_matmul.route(2, 2) == "int_mm"  # the 8-bit kernel is no candidate for two passes
-    assert set(timed) == ({"int_mm", "float"} | ({"int16"} if has_int16 else set()) | ({"vnni16"} if has_vnni8 else set())
-                          | ({"amx_digits"} if has_amx8 else set()))
+    assert set(timed) == ({"int_mm", "float"} | ({"int16"} if has_int16 else set())
+                          | ({"vnni16"} if has_vnni8 else set()) | ({"amx_digits"} if has_amx8 else set()))
     timed.clear()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni16": 1.25, "vnni8": 0.5, "amx8": 0.7,
-                                                      "amx_digits": 1.5, "float": 2.0}))
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni16": 1.25,
+                                                      "vnni8": 0.5, "amx8": 0.7, "amx_digits": 1.5, "float": 2.0}))
     assert exact_matmul.route(2, 2) == "int_mm"  # chosen once per process, pass counts and shape
     assert exact_matmul.route(3, 2) == "float" and not {"int16", "vnni16"} & set(timed)  # 3 passes do not fit int16
     assert exact_matmul.route(1, 1) == ("vnni8" if has_vnni8 else "int16" if has_int16 else "float")
@@ -206,8 +208,8 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     assert ("amx8" in timed) == has_amx8  # likewise the AMX variant
     exact_matmul._fastest.clear()
     timed.clear()
-    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni16": 1.25, "vnni8": 1.5, "amx8": 0.4,
-                                                      "amx_digits": 0.5, "float": 2.0}))
+    monkeypatch.setattr(exact_matmul, "_time", costs({"int_mm": 3.0, "int16": 1.0, "vnni16": 1.25,
+                                                      "vnni8": 1.5, "amx8": 0.4, "amx_digits": 0.5, "float": 2.0}))
     # a slower 8-bit kernel is not kept
     assert exact_matmul.route(1, 1) == ("amx8" if has_amx8 else "int16" if has_int16 else "float")
     assert exact_matmul.route(1, 1, (1536, 576)) == exact_matmul.route(1, 1)

@@ -1,6 +1,6 @@
 """The exact CPU GEMMs (kernels/cpu/exact_gemm.py, C++ in kernels/cpu/csrc/exact_gemm.cpp), the int16
-kernel (AVX2, and its AVX-512 VNNI form) and the AVX-512 VNNI 8-bit one, against their torch reference, the float64 product of the
-same integers: exact at the bounds, for awkward shapes, at any thread count, with their fused
+kernel (AVX2, and its AVX-512 VNNI form) and the AVX-512 VNNI 8-bit one, against their torch
+reference, the float64 product of the same integers: exact at the bounds, for awkward shapes, at any thread count, with their fused
 quantisation and dequantisation giving the bits of the unfused torch code, and built once into the
 library's cache."""
 import ctypes

@@ -1,10 +1,10 @@
-"""Exact integer GEMMs for x86 CPUs: int16 x int16 (AVX2, and AVX-512 VNNI), uint8 x int8 (AVX-512 VNNI, or AMX tiles)
-and integers of one or two base-128 digits (AMX tiles), all with exact int32 sums widened to float64,
-Prism's row quantisation and its dequantising epilogue fused in. One C++ library (csrc/exact_gemm.cpp),
-built with g++ on first use: PackedWeight is the int16 kernel (AVX2, or `vnni=True` for its AVX-512
-VNNI form), PackedWeight8 the 8-bit one (one
-quantisation pass a side; `amx=True` for its AMX variant), AmxDigitWeight the AMX digits kernel, and
-DigitWeight feeds torch._int_mm (oneDNN) the library's digits and combines its products.
+"""Exact integer GEMMs for x86 CPUs: int16 x int16 (AVX2, and AVX-512 VNNI), uint8 x int8 (AVX-512
+VNNI, or AMX tiles) and integers of one or two base-128 digits (AMX tiles), all with exact int32 sums
+widened to float64, Prism's row quantisation and its dequantising epilogue fused in. One C++ library
+(csrc/exact_gemm.cpp), built with g++ on first use: PackedWeight is the int16 kernel (AVX2, or
+`vnni=True` for its AVX-512 VNNI form), PackedWeight8 the 8-bit one (one quantisation pass a side;
+`amx=True` for its AMX variant), AmxDigitWeight the AMX digits kernel, and DigitWeight feeds
+torch._int_mm (oneDNN) the library's digits and combines its products.
 
 Why it exists: on CPUs without VNNI, int8 arithmetic runs at the float32 FMA rate, so Prism's exact
 products used to cost one float64 GEMM (2x a float32 one). AVX2's vpmaddwd multiplies int16 pairs

@@ -176,8 +176,8 @@ def route(act_passes: int = 2, weight_passes: int = 2, shape: tuple[int, int] = 
     """The CPU route of this process for a (K, N) = `shape` weight of integers of these pass counts
     (see the module docstring): the fastest at the served projection (quantise, multiply, dequantise:
     ExactWeight.linear) on 512 rows, timed once per pass counts and shape (~0.1 s each), the routes
-    interleaved and a route's timing cut short once it cannot win (_fastest_route). Per shape, because the winner depends on it: on an Intel
-    Xeon with AMX, `int_mm` runs a 13-bit down_proj (1536, 576) 2.4x faster than `int16` but a 13-bit
+    interleaved and a route's timing cut short once it cannot win (_fastest_route). Per shape,
+    because the winner depends on it: on an Intel Xeon with AMX, `int_mm` runs a 13-bit down_proj (1536, 576) 2.4x faster than `int16` but a 13-bit
     gate_up (576, 3072) 1.3x slower (its four int32 digit products outgrow the caches). Timing the
     bare product instead of the served projection let the unfused `int_mm` win now and then."""
     forced = _forced()
@@ -207,8 +207,8 @@ def chosen_routes() -> dict[tuple[int, int, int, int], str]:
 
 def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
     """Whether `route_name` can multiply integers of these bounds on this machine: int16 where its
-    library loads and they fit int16, vnni16 for them on AVX-512 VNNI CPUs, vnni8 for 8-bit integers there, amx8 for them on
-    CPUs with AMX int8 tiles, amx_digits there for integers of up to two digits (13 bits), the rest always."""
+    library loads and they fit int16, vnni16 for them on AVX-512 VNNI CPUs, vnni8 for 8-bit integers
+    there, amx8 for them on CPUs with AMX int8 tiles, amx_digits there for integers of up to two digits (13 bits), the rest always."""
     if route_name == "int16":
         return exact_gemm.load() is not None and exact_gemm.fits(x_bound, w_bound)
     if route_name == "vnni16":

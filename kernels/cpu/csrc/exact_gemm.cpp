@@ -394,14 +394,15 @@ PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int
   const Epilogue e{x_scale, w_scale, bias, out, n};
   const int panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2;
   const long panel_stride = (long)kpairs * 2 * NR;
-  int16_products<MR16>(x, m, kpairs, wmax, block, pairs, threads, [&](const Operand& a, int g, int r0, int r1) PRISM_VNNI {
+  auto group = [&](const Operand& a, int g, int r0, int r1) PRISM_VNNI {
     const int16_t* panel = packed + 2L * g * panel_stride;
     const int col = 2 * g * NR, ncols = n - col < 2 * NR ? n - col : 2 * NR;
     if (2 * g + 1 < panels)
       rows16<MR16, 2>(a, panel, panel_stride, r0, r1, col, ncols, e);
     else
       rows16<MR16, 1>(a, panel, panel_stride, r0, r1, col, ncols, e);
-  });
+  };
+  int16_products<MR16>(x, m, kpairs, wmax, block, pairs, threads, group);
 }
 
 // x: (m, 4*kquads) uint8, the activations + 128 (prism_quantize_rows_u8); packed: (ceil(n/32), kquads, 32, 4)
