@@ -1,8 +1,9 @@
 """Priority benchmark: urgent decisions under a saturating bulk load, through a real tritonserver.
 
-    .venv/bin/python bench/priority_bench.py [--bulk-callers 16] [--probes 8] [--max-batch-sizes 8,2]
+    .venv/bin/python bench/priority_bench.py [--bulk-callers 16] [--probes 8] [--batchings 8:1024,8:2048]
 
-Per prism_decision max_batch_size: first the unloaded latency of single-question requests; then
+Per batching of prism_decision (max_batch_size:max_batch_rows; 0 rows = no row budget): first the
+unloaded latency of single-question requests; then
 `bulk-callers` callers send two-question requests back to back (more than a batch can hold, so a
 backlog queues, up to what prism_decision's scheduler admits within max_queue_wait_s; a refused
 bulk request is sent again after 0.2 s), and probe requests, alternately normal and urgent (the
@@ -35,9 +36,10 @@ def materials() -> itertools.cycle:
     return itertools.cycle(support_threads(len(eval_tickets()) // 4, messages=4))
 
 
-def run(max_batch_size: int, bulk_callers: int, probes: int) -> dict:
+def run(batching: str, bulk_callers: int, probes: int) -> dict:
+    max_batch_size, max_batch_rows = (int(v) for v in batching.split(":"))
     options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                            max_batch_size=max_batch_size)
+                            max_batch_size=max_batch_size, extra_parameters={"max_batch_rows": str(max_batch_rows)})
     source, lock = materials(), threading.Lock()
 
     def next_material() -> str:
@@ -86,7 +88,7 @@ def run(max_batch_size: int, bulk_callers: int, probes: int) -> dict:
             c.join(600)
     answered = {u: [t for t in loaded[u] if t is not None] for u in loaded}
     refused = {u: len(loaded[u]) - len(answered[u]) for u in loaded}
-    return {"max_batch_size": max_batch_size, "unloaded": unloaded, "normal": answered[False],
+    return {"batching": batching, "unloaded": unloaded, "normal": answered[False],
             "urgent": answered[True], "refused": refused, "bulk_rate": bulk_rate}
 
 
@@ -94,10 +96,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bulk-callers", type=int, default=16)
     parser.add_argument("--probes", type=int, default=8)
-    parser.add_argument("--max-batch-sizes", default="8,2")
+    parser.add_argument("--batchings", default="8:1024,8:2048",
+                        help="comma-separated max_batch_size:max_batch_rows of prism_decision to compare")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.max_batch_sizes.split(",")]
-    results = [run(size, args.bulk_callers, args.probes) for size in sizes]
+    results = [run(batching, args.bulk_callers, args.probes) for batching in args.batchings.split(",")]
 
     def ms(values, q=None):
         if not values:
@@ -108,23 +110,24 @@ def main() -> None:
 
     lines = ["# Urgent decisions under a saturating bulk load", "",
              f"`.venv/bin/python bench/priority_bench.py --bulk-callers {args.bulk_callers} --probes {args.probes} "
-             f"--max-batch-sizes {args.max_batch_sizes}`; {time.strftime('%Y-%m-%d')}, CPU kind {machine()}, "
+             f"--batchings {args.batchings}`; {time.strftime('%Y-%m-%d')}, CPU kind {machine()}, "
              f"CPU(s) {sorted(os.sched_getaffinity(0))}; one tritonserver, int8, prefix cache on, max_queue_wait_s "
              f"10 s. Bulk: {args.bulk_callers} callers sending two-question requests (~250-token tickets) back to "
              "back (a refused one again after 0.2 s). Probes: one question, a new ticket each, timed one at a "
              "time, alternately normal and urgent (`urgent=True`: the scheduler's urgent lane).", "",
-             "| max_batch_size | unloaded median ms | loaded, normal: median / p90 ms (refused) | loaded, urgent: "
+             "| max_batch_size : max_batch_rows | unloaded median ms | loaded, normal: median / p90 ms (refused) | loaded, urgent: "
              "median / p90 ms (refused) | urgent / unloaded | normal / unloaded | bulk requests/s |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         base = ms(r["unloaded"])
-        lines.append(f"| {r['max_batch_size']} | {base:.0f} | {ms(r['normal']):.0f} / {ms(r['normal'], 90):.0f} "
+        lines.append(f"| {r['batching']} | {base:.0f} | {ms(r['normal']):.0f} / {ms(r['normal'], 90):.0f} "
                      f"({r['refused'][False]}) | {ms(r['urgent']):.0f} / {ms(r['urgent'], 90):.0f} "
                      f"({r['refused'][True]}) | {ms(r['urgent']) / base:.1f}x | "
                      f"{ms(r['normal']) / base:.1f}x | {r['bulk_rate']:.2f} |")
     lines += ["", "An urgent request jumps the queued backlog but not the batch already executing (a CPU batch "
-              "is not preempted): its latency is about the rest of that batch plus its own batch, which "
-              "`max_batch_size` bounds. A normal probe waits behind the admitted bulk backlog, which "
+              "is not preempted): its latency is about the rest of that batch plus its own, which holds no bulk "
+              "request (prism_backend/serving/scheduler.py); the batch in flight is bounded by max_batch_size "
+              "and max_batch_rows. A normal probe waits behind the admitted bulk backlog, which "
               "max_queue_wait_s bounds (or is refused at once when the backlog is full)."]
     write_result("priority.md", lines)
 

@@ -114,7 +114,9 @@ def server(model_dir):
     # not invariant to how many rows a pass computes; the int8 servers test the cache
     options = ServerOptions(precision="fp32", http_port=free_port(), grpc_port=free_port(),
                             metrics_port=free_port(), model_dir=model_dir,
-                            extra_parameters={"prefix_cache_bytes": "0"},
+                            # gather_ms: a test's concurrent callers reach the decision step a few
+                            # ms apart; 100 ms gathers them into one batch even on loaded CI cores
+                            extra_parameters={"prefix_cache_bytes": "0", "gather_ms": "100"},
                             # functional tests queue a few concurrent requests: on busy cores they must
                             # not meet the overload policy's timeout (tests/test_security.py tests it)
                             max_queue_wait_s=600)

@@ -57,7 +57,7 @@ def test_render_sets_max_batch_size_and_the_queue_bound(tmp_path, model_dir):
     with pytest.raises(ConfigError, match="max-queue-wait-s"):
         ServerOptions(model_dir=model_dir, max_queue_wait_s=0).validate()
     shipped = render_model_repository(ServerOptions(model_dir=model_dir), tmp_path / "repo2")
-    assert "\nmax_batch_size: 2\n" in (shipped / "prism_decision" / "config.pbtxt").read_text()
+    assert "\nmax_batch_size: 8\n" in (shipped / "prism_decision" / "config.pbtxt").read_text()
     with pytest.raises(ConfigError, match="max-batch-size"):
         ServerOptions(model_dir=model_dir, max_batch_size=0).validate()
     with pytest.raises(ConfigError, match="servers_on_machine"):

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from prism_backend.serving.scheduler import BACKSTOP_GRACE, Rejection, Scheduler
+import numpy as np
+
+from prism_backend.serving.scheduler import BACKSTOP_GRACE, Rejection, Scheduler, Ticket, new_rows, shared_rows
 
 
 class SlowEngine:
@@ -44,10 +46,11 @@ def test_urgent_requests_overtake_queued_bulk_ones_in_batches():
     for item, urgent in (("bulk-1", False), ("bulk-2", False), ("bulk-3", False), ("urgent-0", True),
                          ("urgent-1", True), ("urgent-2", True)):
         assert scheduler.submit(item, urgent) is None
-    for _ in range(4):
+    for _ in range(5):
         engine.release.release()
-    wait_until(lambda: len(engine.batches) == 4 and scheduler.queued() == 0)
-    assert engine.batches == [["bulk-0"], ["urgent-0", "urgent-1"], ["urgent-2", "bulk-1"], ["bulk-2", "bulk-3"]]
+    wait_until(lambda: len(engine.batches) == 5 and scheduler.queued() == 0)
+    # urgent-2 goes alone: bulk rows in its batch would delay it
+    assert engine.batches == [["bulk-0"], ["urgent-0", "urgent-1"], ["urgent-2"], ["bulk-1", "bulk-2"], ["bulk-3"]]
     engine.release.release()
     scheduler.stop()
     assert not engine.rejected
@@ -124,6 +127,8 @@ def test_bad_settings_are_refused():
         Scheduler(lambda t: None, lambda i, r: None, max_batch_size=0, bound_s=1)
     with pytest.raises(ValueError):
         Scheduler(lambda t: None, lambda i, r: None, max_batch_size=1, bound_s=0)
+    with pytest.raises(ValueError, match="max_batch_rows"):
+        Scheduler(lambda t: None, lambda i, r: None, max_batch_size=1, bound_s=1, max_batch_rows=-1)
 
 
 def test_setup_runs_on_the_thread_that_scores_and_its_error_reaches_start():
@@ -149,3 +154,68 @@ def test_setup_runs_on_the_thread_that_scores_and_its_error_reaches_start():
 
     with pytest.raises(RuntimeError, match="no checkpoint"):
         Scheduler(run_batch, lambda item, r: None, 2, 10.0).start(setup=broken)
+
+
+def test_rows_a_request_shares_with_the_batch_count_once():
+    assert shared_rows(np.array([1, 2, 3, 4]), np.array([1, 2, 9])) == 2
+    assert shared_rows(np.array([1, 2]), np.array([1, 2, 3])) == 2
+    assert shared_rows(np.array([5]), np.array([1])) == 0
+    assert shared_rows((), np.array([1])) == 0
+    first = Ticket("a", False, 0.0, rows=110, prefix=np.arange(100))
+    same_start = Ticket("b", False, 0.0, rows=120, prefix=np.r_[np.arange(60), np.full(50, 7)])
+    other = Ticket("c", False, 0.0, rows=30, prefix=np.full(20, 3))
+    assert new_rows(first, []) == 110
+    assert new_rows(same_start, [first]) == 60  # its first 60 ids are computed once, with `first`'s
+    assert new_rows(other, [first, same_start]) == 30
+
+
+def test_a_batch_holds_requests_within_the_row_budget_and_a_large_one_alone():
+    """With the engine busy, five requests queue; with a 1000-row budget the batches are cut where
+    the next request's new rows would pass it, shared starts counted once, and a request larger than
+    the budget runs alone rather than never."""
+    engine = SlowEngine()
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=8, bound_s=60, max_batch_rows=1000).start()
+    assert scheduler.submit("first", rows=10, prefix=np.arange(10)) is None
+    assert engine.started.acquire(timeout=10)
+    ticket = np.arange(500)
+    for item, rows, prefix in (("t-400", 400, np.full(400, 1)), ("t-500", 500, np.full(500, 2)),
+                               ("huge", 1500, np.full(1500, 3)),  # 400 + 500 + 1500 > 1000: cut before it
+                               ("q1", 520, ticket), ("q2", 520, ticket), ("q3", 530, ticket)):  # 520 + 20 + 30
+        assert scheduler.submit(item, rows=rows, prefix=prefix) is None
+    for _ in range(4):
+        engine.release.release()
+    wait_until(lambda: len(engine.batches) == 4 and scheduler.queued() == 0)
+    assert engine.batches == [["first"], ["t-400", "t-500"], ["huge"], ["q1", "q2", "q3"]]
+    engine.release.release()
+    scheduler.stop()
+
+
+def test_an_idle_engine_gathers_requests_sent_together():
+    """Two requests 50 ms apart: with a 2 s gathering window they form one batch; a full batch
+    starts without waiting out the window; without a window the first runs alone."""
+    for gather_s, size, expected in ((2.0, 8, [["x", "y"]]), (0.0, 8, [["x"], ["y"]]), (30.0, 2, [["x", "y"]])):
+        engine = SlowEngine(seconds=0.0)
+        scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=size, bound_s=60,
+                              gather_s=gather_s).start()
+        start = time.monotonic()
+        scheduler.submit("x")
+        time.sleep(0.05)
+        scheduler.submit("y")
+        wait_until(lambda: sum(map(len, engine.batches)) == 2)
+        assert engine.batches == expected, gather_s
+        if gather_s == 30.0:  # full at two requests: scored long before the window's end
+            assert time.monotonic() - start < 10
+        scheduler.stop()
+
+
+def test_a_request_s_size_is_read_from_its_token_tensors():
+    """What prism_decision's execute() queues with each request: its rows and its shareable ids;
+    tensors that validation will refuse later count as nothing, never raise here."""
+    from prism_backend.serving.steps import request_size
+
+    tensors = {"root_ids": np.array([[1, 2]], np.int32), "trunk_ids": np.array([[3, 4, 5]], np.int32),
+               "branch_ids": np.array([[6, 7, 8, 9]], np.int32)}
+    rows, prefix = request_size(tensors)
+    assert rows == 9 and prefix.tolist() == [1, 2, 3, 4, 5]
+    rows, prefix = request_size({"root_ids": None, "trunk_ids": np.array([0.5]), "branch_ids": np.array([[6]])})
+    assert rows == 1 and prefix.size == 0

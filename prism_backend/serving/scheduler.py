@@ -14,8 +14,19 @@ never waits for the instance and never holds a queue, and the queue lives here, 
              to answer it within `bound_s` (planned within PLANNED_SHARE of it); otherwise it is
              refused at once (Rejection "door") with a hint of when to retry. An idle engine admits
              whatever comes.
-  order      urgent requests before every queued bulk one, first come first served within a lane;
-             up to `max_batch_size` requests form one batch (one forest).
+  order      urgent requests before every queued bulk one, first come first served within a lane,
+             and never in one batch with bulk ones (an urgent request should not wait for bulk
+             rows); up to `max_batch_size` requests form one batch (one forest), and no more rows than
+             `max_batch_rows` (rows a request shares with an earlier one of the batch -- the
+             system prompt, a common start of the material -- counted once, as the forest computes
+             them; a request alone is never held back): a batch's time follows its rows, and an
+             urgent request waits at most for the batch in flight, so the row budget is what bounds
+             that wait, whether the batch holds three short tickets or one long thread.
+  gathering  an idle engine does not start on the first request at once: it waits up to
+             `gather_s` from that request's arrival for others sent with it (requests a client sends
+             together reach this step a few ms apart, each after its own tokenizer step), unless
+             the batch is full first. A request that queued while a batch ran has waited already:
+             no gathering then.
   backstop   a request whose wait plus its batch's expected time would pass the bound when the
              batch is formed is refused instead of scored (Rejection "overdue"): estimates at the
              door can be off (the first requests, a change of workload).
@@ -30,7 +41,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 EWMA_WEIGHT = 0.3  # weight of the newest batch in the seconds-per-request average
 # The scheduler plans answers within this share of the bound: the rest is for the steps around its
@@ -61,7 +74,22 @@ class Ticket:
     item: Any  # what the adapter queued (a Triton request)
     urgent: bool
     arrived: float  # clock() at submit
+    rows: int = 1  # the request's prompt rows (system prompt, material, questions)
+    prefix: Sequence[int] = ()  # its system prompt and material ids: what another request may share
     waited: float = field(default=0.0)  # seconds from submit to the start of its batch
+
+
+def shared_rows(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common start of two id sequences (numpy arrays or lists)."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
+
+
+def new_rows(ticket: Ticket, batch: list[Ticket]) -> int:
+    """Rows `ticket` adds to a forest of `batch`: its own, less the longest start of its system prompt
+    and material that a request of the batch has too (the forest computes those once)."""
+    return ticket.rows - max((shared_rows(ticket.prefix, other.prefix) for other in batch), default=0)
 
 
 def retry_hint(seconds: float) -> int:
@@ -71,11 +99,16 @@ def retry_hint(seconds: float) -> int:
 
 class Scheduler:
     def __init__(self, run_batch: Callable[[list[Ticket]], None], reject: Callable[[Any, Rejection], None],
-                 max_batch_size: int, bound_s: float, clock: Callable[[], float] = time.monotonic):
-        if max_batch_size < 1 or not bound_s > 0:
-            raise ValueError(f"max_batch_size must be >= 1 and bound_s > 0, got {max_batch_size}, {bound_s}")
+                 max_batch_size: int, bound_s: float, clock: Callable[[], float] = time.monotonic,
+                 max_batch_rows: int = 0, gather_s: float = 0.0):
+        """max_batch_rows: 0 = no row budget. gather_s: 0 = an idle engine starts at once. Waits for
+        gathering use the real time (Condition.wait), whatever `clock` is."""
+        if max_batch_size < 1 or not bound_s > 0 or max_batch_rows < 0 or gather_s < 0:
+            raise ValueError(f"max_batch_size must be >= 1, bound_s > 0, max_batch_rows and gather_s >= 0, "
+                             f"got {max_batch_size}, {bound_s}, {max_batch_rows}, {gather_s}")
         self.run_batch, self.reject = run_batch, reject
         self.max_batch_size, self.bound_s, self.clock = max_batch_size, bound_s, clock
+        self.max_batch_rows, self.gather_s = max_batch_rows, gather_s
         self.planned_s = PLANNED_SHARE * bound_s  # what admission and the backstop plan for
         self.seconds_per_request = 0.0  # measured: moving average of batch seconds / batch size
         self._lanes = {True: deque(), False: deque()}  # urgent, bulk: Tickets in arrival order
@@ -119,8 +152,9 @@ class Scheduler:
         self.setup_result = outcome.get("result")
         return self
 
-    def submit(self, item, urgent: bool = False) -> Rejection | None:
-        """Queue `item`, or refuse it (returned, not passed to reject(): the caller answers it)."""
+    def submit(self, item, urgent: bool = False, rows: int = 1, prefix: Sequence[int] = ()) -> Rejection | None:
+        """Queue `item` (`rows`, `prefix`: see Ticket), or refuse it (returned, not passed to
+        reject(): the caller answers it)."""
         with self._cond:
             now = self.clock()
             if self._stopping:
@@ -133,7 +167,7 @@ class Scheduler:
                     f"overloaded: a {lane} request now would wait about {answered_in:.1f} s for its answer "
                     f"({self._ahead(urgent)} queued ahead of it), more than the {self.bound_s:g} s bound allows "
                     f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry, urgent)
-            self._lanes[urgent].append(Ticket(item, urgent, now))
+            self._lanes[urgent].append(Ticket(item, urgent, now, rows, prefix))
             self._cond.notify()
             return None
 
@@ -173,16 +207,42 @@ class Scheduler:
     def _busy(self) -> bool:
         return self._running is not None or bool(self._lanes[True]) or bool(self._lanes[False])
 
+    def _pick(self) -> tuple[list[Ticket], bool]:
+        """Under the lock: the tickets the next batch would hold, and whether a limit stopped it
+        (full): the urgent lane's first tickets, or where it is empty the bulk lane's, in order,
+        within max_batch_size and max_batch_rows. A batch with urgent requests takes no bulk ones:
+        they would make the urgent ones wait for their rows too."""
+        picked, rows = [], 0
+        for lane in (self._lanes[True], self._lanes[False]):
+            if picked:
+                return picked, True
+            for ticket in lane:
+                if len(picked) == self.max_batch_size:
+                    return picked, True
+                more = new_rows(ticket, picked)
+                if picked and self.max_batch_rows and rows + more > self.max_batch_rows:
+                    return picked, True
+                picked.append(ticket)
+                rows += more
+        return picked, len(picked) == self.max_batch_size
+
     def _next_batch(self) -> tuple[list[Ticket], list[Ticket]] | None:
         """Under the lock: (batch to score, overdue tickets) once there is work, None to stop."""
         while not (self._lanes[True] or self._lanes[False]):
             if self._stopping:
                 return None
             self._cond.wait()
-        picked = []
-        for lane in (self._lanes[True], self._lanes[False]):
-            while lane and len(picked) < self.max_batch_size:
-                picked.append(lane.popleft())
+        while True:  # gathering: see the module docstring
+            if self._stopping:  # stop() has answered what was queued
+                return None
+            picked, full = self._pick()
+            first = min(lane[0].arrived for lane in self._lanes.values() if lane)
+            left = first + self.gather_s - self.clock()
+            if full or left <= 0:
+                break
+            self._cond.wait(left)
+        for ticket in picked:  # the picked tickets are the first of their lanes
+            self._lanes[ticket.urgent].popleft()
         now = self.clock()
         expected = len(picked) * self.seconds_per_request
         batch, overdue = [], []

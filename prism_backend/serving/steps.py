@@ -31,6 +31,7 @@ from ..text.decisions import build_decision, task_info
 from ..text.frontend import Frontend
 
 TOKEN_TENSORS = ("root_ids", "trunk_ids", "branch_ids", "branch_lengths", "candidate_ids", "candidate_counts")
+SIZE_TENSORS = ("root_ids", "trunk_ids", "branch_ids")  # what request_size reads
 
 
 def numpy_inputs(get_tensor, request, names) -> dict:
@@ -50,6 +51,19 @@ def is_urgent(request_parameters: str) -> bool:
         return json.loads(request_parameters or "{}").get("urgent") is True
     except (ValueError, AttributeError):
         return False
+
+
+def request_size(tensors: dict) -> tuple[int, np.ndarray]:
+    """numpy_inputs' tensors of one request -> (its prompt rows: system prompt, material and
+    question ids; its system prompt and material ids, what another request may share): the
+    scheduler's row budget (serving/scheduler.py). Missing or odd tensors count as nothing here:
+    validation refuses them when the batch runs."""
+    def ids(name):
+        t = tensors.get(name)
+        return np.zeros(0, np.int32) if t is None or t.dtype.kind not in "iu" else t.reshape(-1)
+
+    prefix = np.concatenate([ids("root_ids"), ids("trunk_ids")])
+    return prefix.size + ids("branch_ids").size, prefix
 
 
 def model_parameters(model_config: dict) -> dict[str, str]:

@@ -14,7 +14,8 @@ from prism_backend.errors import EngineUnavailable, RequestError
 from prism_backend.serving.decision_step import DecisionStep
 from prism_backend.serving.metrics import AdmissionMetrics, EngineMetrics
 from prism_backend.serving.scheduler import REASONS, Scheduler
-from prism_backend.serving.steps import TOKEN_TENSORS, is_urgent, numpy_inputs, triton_engine_config
+from prism_backend.serving.steps import (SIZE_TENSORS, TOKEN_TENSORS, is_urgent, numpy_inputs, request_size,
+                                         triton_engine_config)
 
 
 def make_family(name, description, kind):
@@ -31,7 +32,8 @@ class TritonPythonModel:
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         # the engine is built on the scheduler's thread, where it runs (Scheduler.start says why);
         # no request reaches the scheduler before initialize() returns
-        self.scheduler = Scheduler(self._run_batch, self._reject, max_batch_size, config.max_queue_wait_s)
+        self.scheduler = Scheduler(self._run_batch, self._reject, max_batch_size, config.max_queue_wait_s,
+                                   max_batch_rows=config.max_batch_rows, gather_s=config.gather_ms / 1000)
         self.step = self.scheduler.start(setup=lambda: DecisionStep(config)).setup_result
         labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
         self.metrics = EngineMetrics(make_family, labels)
@@ -47,7 +49,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            rejection = self.scheduler.submit(request, is_urgent(request.parameters()))
+            rows, prefix = request_size(numpy_inputs(pb_utils.get_input_tensor_by_name, request, SIZE_TENSORS))
+            rejection = self.scheduler.submit(request, is_urgent(request.parameters()), rows, prefix)
             if rejection is not None:
                 self._reject(request, rejection)
         return None  # answered later, by the scheduler's thread
