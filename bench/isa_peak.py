@@ -112,8 +112,9 @@ def main() -> None:
         "fp32 F.linear (MKL)": (lambda: [torch.nn.functional.linear(x, w) for x, w, _, _ in layer], fma, "projections"),
         f"13-bit, 2+2 passes (served Int8Linear, `{routes['exact']}`)":
             (lambda: [e(x) for x, _, e, _ in layer], ROUTE_INSTRUCTION.get(routes["exact"]), "projections"),
-        f"8-bit, 1+1 (served Int8Linear, `{routes['eight']}`)":
-            (lambda: [f(x) for x, _, _, f in layer], ROUTE_INSTRUCTION.get(routes["eight"]), "projections"),
+        f"8-bit, 1+1 (served Int8Linear, `{routes['eight']}`)":  # int_mm: oneDNN's u8s8 GEMM, vpdpbusd on VNNI
+            (lambda: [f(x) for x, _, _, f in layer], DPBUSD if routes["eight"] == "int_mm" and DPBUSD in peaks
+             else ROUTE_INSTRUCTION.get(routes["eight"]), "projections"),
     }
     if tree_attention.available(64):
         inputs, ops["attention"] = forest_a(gen)
