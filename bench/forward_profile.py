@@ -23,7 +23,7 @@ from workloads import WORKLOADS, write_result
 import prism_backend.model.transformer as transformer
 from kernels.cpu.features import machine
 from prism_backend.config import EngineConfig
-from prism_backend.model.exact_matmul import chosen_routes
+from prism_backend.model.exact_matmul import describe_chosen_routes
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH
 from prism_backend.serving.pipeline import DecisionPipeline
 
@@ -94,7 +94,7 @@ def main() -> None:
     columns = list(results)
     steps = sorted({k for r in results.values() for k in r} - {"total"},
                    key=lambda k: -max(r.get(k, 0.0) for r in results.values()))
-    routes = ", ".join(f"{p}+{q} {k}x{n} `{r}`" for (p, q, k, n), r in sorted(chosen_routes().items())) or "none"
+    routes = describe_chosen_routes() or "none"
     lines = ["# Where one forward's time goes", "",
              f"`.venv/bin/python bench/forward_profile.py --precision {' '.join(args.precision)} --repeats "
              f"{args.repeats}`, {time.strftime('%Y-%m-%d')}, on {machine()}, 2 threads, prefix cache off; ms, median "

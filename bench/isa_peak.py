@@ -77,8 +77,10 @@ def forest_a(gen: torch.Generator):
     heads, kv_heads, d = 9, 3, 64
     rows = sum(q_len for q_len, _ in FOREST_A)
     q, k, v = (torch.randn(rows, h, d, generator=gen) for h in (heads, kv_heads, kv_heads))
-    segments, ops, start, trunk_end = [], 0, 0, 0
+    segments, ops, start = [], 0, 0
     for q_len, prefix in FOREST_A:
+        # a question sees the system prompt and ticket before it, then its own rows; a block of the
+        # ticket sees every row up to its own end
         own = torch.arange(start, start + q_len)
         keys = torch.cat([torch.arange(prefix), own]) if prefix < start else torch.arange(start + q_len)
         segments.append((start, q_len, keys, prefix))

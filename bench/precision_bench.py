@@ -27,7 +27,7 @@ from workloads import WORKLOADS, write_result
 from evals import run_eval
 from kernels.cpu.features import machine
 from prism_backend.config import PROJECTIONS, EngineConfig
-from prism_backend.model.exact_matmul import chosen_routes
+from prism_backend.model.exact_matmul import describe_chosen_routes
 from prism_backend.model.spec import load_hf_config, spec_from_config
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY, user_cache_dir
 from prism_backend.serving.pipeline import DecisionPipeline
@@ -103,7 +103,7 @@ def main() -> None:
                 times[(workload, name)].append(time.perf_counter() - start)
 
     ms = {key: 1000 * statistics.median(t) for key, t in times.items()}
-    routes = ", ".join(f"{p}+{q} {k}x{n} `{r}`" for (p, q, k, n), r in sorted(chosen_routes().items())) or "none"
+    routes = describe_chosen_routes() or "none"
     a, b = WORKLOADS
     lines = ["# The precision ladder", "",
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats} --limit {args.limit}`, "

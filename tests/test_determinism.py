@@ -214,6 +214,8 @@ def test_route_is_the_fastest_exact_route_per_pass_count(monkeypatch):
     assert exact_matmul.route(1, 1) == ("amx8" if has_amx8 else "int16" if has_int16 else "float")
     assert exact_matmul.route(1, 1, (1536, 576)) == exact_matmul.route(1, 1)
     assert len(exact_matmul.chosen_routes()) == 2  # one per pass counts and shape
+    one_pass = exact_matmul.route(1, 1)  # what the server's log and the benchmarks print, shapes sorted
+    assert exact_matmul.describe_chosen_routes() == f"1+1 576x1536 {one_pass}, 1+1 1536x576 {one_pass}"
     monkeypatch.setenv("PRISM_EXACT_ROUTE", "float")
     monkeypatch.setattr(exact_matmul, "_route", None)
     assert exact_matmul.route(1, 1) == "float"  # forced for every pass count

@@ -205,6 +205,11 @@ def chosen_routes() -> dict[tuple[int, int, int, int], str]:
     return dict(_fastest)
 
 
+def describe_chosen_routes() -> str:
+    """chosen_routes() for a log line or a results page: '2+2 576x960 vnni16, ...' ('' if none)."""
+    return ", ".join(f"{p}+{q} {k}x{n} {r}" for (p, q, k, n), r in sorted(_fastest.items()))
+
+
 def runs_here(route_name: str, x_bound: int, w_bound: int) -> bool:
     """Whether `route_name` can multiply integers of these bounds on this machine: int16 where its
     library loads and they fit int16, vnni16 for them on AVX-512 VNNI CPUs, vnni8 for 8-bit integers

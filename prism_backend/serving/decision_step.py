@@ -12,7 +12,7 @@ from ..config import EngineConfig
 from ..engine.engine import DecisionEngine
 from ..errors import RequestError, or_error, run_valid
 from ..forest import EncodedRequest
-from ..model.exact_matmul import chosen_routes
+from ..model.exact_matmul import describe_chosen_routes
 from ..reproducibility import blas_mode_problem
 from .determinism import engine_self_check, synthetic_requests, thread_count_check
 from .steps import tensors_to_encoded
@@ -59,8 +59,7 @@ class DecisionStep:
     def exact_routes() -> str:
         """The exact-product routes this process chose (timed at the engine's build: a busy machine
         then can pick a slower one, never other bits), e.g. '2+2 576x960 vnni16, ...'; for the log."""
-        routes = sorted(chosen_routes().items())
-        return ", ".join(f"{p}+{q} {k}x{n} {r}" for (p, q, k, n), r in routes) or "none (fp32, or GPU)"
+        return describe_chosen_routes() or "none (fp32, or GPU)"
 
     @property
     def available(self) -> bool:

@@ -26,7 +26,7 @@ never waits for the instance and never holds a queue, and the queue lives here, 
              `gather_s` from that request's arrival for others sent with it (requests a client sends
              together reach this step a few ms apart, each after its own tokenizer step), unless
              the batch is full first. A request that queued while a batch ran has waited already:
-             no gathering then.
+             no gathering then; nor for an urgent request (its batch counts as full at once).
   backstop   a request whose wait plus its batch's expected time would pass the bound when the
              batch is formed is refused instead of scored (Rejection "overdue"): estimates at the
              door can be off (the first requests, a change of workload).
@@ -214,7 +214,7 @@ class Scheduler:
         they would make the urgent ones wait for their rows too."""
         picked, rows = [], 0
         for lane in (self._lanes[True], self._lanes[False]):
-            if picked:
+            if picked:  # urgent requests picked: no bulk ones, and no waiting to gather more
                 return picked, True
             for ticket in lane:
                 if len(picked) == self.max_batch_size:
