@@ -69,7 +69,7 @@ def raw_product(x: torch.Tensor, packed: PackedWeight, block: int, row_max: torc
     lib = exact_gemm.load()
     kernel = lib.prism_vnni16_gemm if packed.vnni else lib.prism_int16_gemm
     kernel(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(), row_max.data_ptr(), packed.n, block, None, None,
-           None, out.data_ptr(), 1)
+           None, None, out.data_ptr(), 1)
     return out
 
 
@@ -448,3 +448,30 @@ def test_amx_digits_kernel_quantises_and_dequantises_as_torch_whatever_the_rows_
         with torch_threads(threads):
             q, scale = amx.quantize(x[:m], bound)
             assert q.shape[1] == m and torch.equal(amx.matmul(q, bound, scale, w_scale, b), full[:m]), threads
+
+
+# ---- the residual add fused into every route's epilogue -------------------------------------------
+@pytest.mark.parametrize("route, passes", [
+    ("int16", 2), pytest.param("vnni16", 2, marks=needs("avx512_vnni")), pytest.param("vnni8", 1, marks=needs_vnni),
+    pytest.param("amx8", 1, marks=needs_amx), ("int_mm", 1), ("int_mm", 2),
+    pytest.param("amx_digits", 2, marks=needs_amx), ("float", 1), ("float", 2)])
+@pytest.mark.parametrize("m", [1, 37, 200])
+def test_the_residual_add_in_the_epilogue_is_torchs_addition_after_it(route, passes, m):
+    """linear(x, ..., residual) -- the decoder's `h + o(attn)` and `h + down(mlp)` with the addition in
+    the kernel's epilogue -- gives the bits of adding the residual to the unfused output, on every route,
+    and leaves the residual as it was."""
+    from prism_backend.model.exact_matmul import ExactWeight
+
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 577, generator=gen) * torch.linspace(0.1, 9, 577)
+    _, w = extreme_integers(3, 577, 97, int_bound(passes), int_bound(passes), seed=m)
+    w_scale, b = torch.rand(97, generator=gen) * 1e-3, torch.randn(97, generator=gen)
+    residual = torch.randn(m, 97, generator=gen) * 4
+    kept = residual.clone()
+    weight = ExactWeight(w, passes, passes, route)
+    assert weight.route == route
+    fused = weight.linear(x, w_scale, b, residual)
+    assert torch.equal(fused, residual + weight.linear(x, w_scale, b)) and torch.equal(residual, kept)
+    if weight.fused is not None:  # the library refuses a residual of the wrong shape instead of misreading it
+        with pytest.raises(ValueError, match="residual"):
+            weight.linear(x, w_scale, b, residual[:, :-1].contiguous())

@@ -50,6 +50,18 @@ def test_swiglu_is_the_float64_one_and_fuses_the_hadamard(i, block):
     assert torch.equal(layers.swiglu(gate_up, block), got)
 
 
+@needs("avx512_vnni")  # AVX-512 (VNNI CPUs have the F/DQ/BW/VL the wide SiLU uses)
+@pytest.mark.parametrize("i", [1536, 13, 24, 40])
+def test_swiglu_16_lanes_give_the_8_lane_bits(i):
+    """Where the CPU has AVX-512 the SiLU runs 16 lanes at a time (then 8, then the zero-padded tail):
+    every lane the same steps, so the same bits as the AVX2 width (what an AVX2-only machine runs),
+    over the whole range of the exp's inputs, clamped ends included."""
+    gen = torch.Generator().manual_seed(i)
+    gate_up = torch.randn(33, 2 * i, generator=gen) * 30
+    gate_up[0, :8] = torch.tensor([-1e4, -88.0, -87.3, -0.0, 0.0, 87.9, 88.5, 1e4])[: min(8, i)]
+    assert torch.equal(rowwise.swiglu(gate_up, 0, wide=True), rowwise.swiglu(gate_up, 0, wide=False))
+
+
 def torch_rotary(x, cos, sin):
     """layers.apply_rotary's torch operations (what the kernel must reproduce to the bit)."""
     half = x.shape[-1] // 2

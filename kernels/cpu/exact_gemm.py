@@ -97,28 +97,25 @@ def load():
                                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.prism_int16_gemm.restype = None
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                                         ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_vnni16_gemm.restype = None
         lib.prism_vnni16_gemm.argtypes = lib.prism_int16_gemm.argtypes
         lib.prism_quantize_rows_u8.restype = None
         lib.prism_quantize_rows_u8.argtypes = lib.prism_quantize_rows.argtypes
         lib.prism_vnni8_gemm.restype = None
         lib.prism_vnni8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_void_p, ctypes.c_int]
+                                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_quantize_rows_digits.restype = None
         lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                                    ctypes.c_void_p, ctypes.c_int]
         lib.prism_amx_digits_gemm.restype = None
         lib.prism_amx_digits_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                              ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                                              ctypes.c_void_p, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [
+                                              ctypes.c_int]
         lib.prism_combine_digits.restype = None
-        lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_int]
+        lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
+                                             ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_amx8_gemm.restype = None
         lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes
         lib.prism_amx_init.restype = ctypes.c_int
@@ -129,7 +126,7 @@ def load():
         lib.prism_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                        ctypes.c_void_p, ctypes.c_int]
         lib.prism_swiglu.restype = None
-        lib.prism_swiglu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+        lib.prism_swiglu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.prism_hadamard_rows.restype = None
         lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.prism_rotary.restype = None
@@ -180,21 +177,26 @@ def _quantize_rows(function, x: torch.Tensor, k: int, x_bound: int, width: int, 
 
 
 class _Epilogue:
-    """The kernels' epilogue operands: float32 x_scale (M,), w_scale (N,), bias (N,) or none at all
-    (raw float64 sums). Holds the contiguous copies alive while the library reads their pointers."""
+    """The kernels' epilogue operands: float32 x_scale (M,), w_scale (N,), bias (N,) or None, residual
+    (M, N) or None (added last: the decoder's skip connection), or none at all (raw float64 sums).
+    Holds the contiguous copies alive while the library reads their pointers."""
 
-    def __init__(self, m: int, x_scale, w_scale, bias):
+    def __init__(self, m: int, n: int, x_scale, w_scale, bias, residual):
+        if residual is not None and (x_scale is None or residual.shape != (m, n)):
+            raise ValueError(f"a residual is added to the dequantised ({m}, {n}) output only, got "
+                             f"{tuple(residual.shape)}{'' if x_scale is not None else ' without scales'}")
         self.tensors = [] if x_scale is None else [
             x_scale.reshape(m).float().contiguous(), w_scale.float().contiguous(),
-            None if bias is None else bias.float().contiguous()]
-        self.pointers = [None if t is None else t.data_ptr() for t in self.tensors] or [None, None, None]
+            None if bias is None else bias.float().contiguous(),
+            None if residual is None else residual.float().contiguous()]
+        self.pointers = [None if t is None else t.data_ptr() for t in self.tensors] or [None] * 4
 
 
-def _epilogue(m: int, n: int, x_scale, w_scale, bias) -> tuple[torch.Tensor, _Epilogue]:
+def _epilogue(m: int, n: int, x_scale, w_scale, bias, residual=None) -> tuple[torch.Tensor, _Epilogue]:
     """The output tensor ((M, N) float32 dequantised, or float64 raw sums without scales) and the
     epilogue operands of one kernel call."""
     dtype = torch.float64 if x_scale is None else torch.float32
-    return torch.empty(m, n, dtype=dtype), _Epilogue(m, x_scale, w_scale, bias)
+    return torch.empty(m, n, dtype=dtype), _Epilogue(m, n, x_scale, w_scale, bias, residual)
 
 
 class PackedWeight:
@@ -225,10 +227,12 @@ class PackedWeight:
         return _quantize_rows(_library().prism_quantize_rows, x, self.k, x_bound, 2 * self.kpairs, torch.int16)
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
-               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
         """x_int: (M, K) integer-valued, |x_int| <= x_bound, or quantize()'s int16 operand. Without
         scales -> (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) float32 ->
-        (M, N) float32, the dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
+        (M, N) float32, the dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,), plus
+        residual (M, N) last where given (the decoder's skip connection, fused: one pass fewer)."""
         lib = _library()
         if not fits(x_bound, self.w_bound):
             raise ValueError(f"integers up to {x_bound} x {self.w_bound} do not fit the int16 kernel")
@@ -239,7 +243,7 @@ class PackedWeight:
         if x16.shape[1] != 2 * self.kpairs:
             x16 = torch.nn.functional.pad(x16, (0, 1))
         x16 = x16.contiguous()
-        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
         kernel = lib.prism_vnni16_gemm if self.vnni else lib.prism_int16_gemm
         kernel(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
                chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
@@ -325,7 +329,8 @@ class PackedWeight8:
         return padded[:m]
 
     def matmul(self, x_int: torch.Tensor, x_bound: int = 127, x_scale: torch.Tensor | None = None,
-               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
         """x_int: (M, K) integer-valued, |x_int| <= x_bound <= 127, or quantize()'s uint8 operand. Without scales ->
         (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) -> (M, N) float32, the
         dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,): PackedWeight.matmul's contract."""
@@ -347,7 +352,7 @@ class PackedWeight8:
             if not amx8_available():
                 raise RuntimeError("the 8-bit kernel's AMX variant needs a CPU with AMX int8 tiles")
             kernel = lib.prism_amx8_gemm
-        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
         kernel(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
                *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
         return out
@@ -391,7 +396,8 @@ class DigitWeight:
         return digits, scale
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
-               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
         """x_int: quantize()'s stacked int8 digits, or (M, K) integer-valued, |x_int| <= x_bound.
         Without scales -> (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) ->
         (M, N) float32, ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
@@ -404,7 +410,7 @@ class DigitWeight:
         # blocks sized for L2 measured slower: oneDNN's own blocking does better on the whole)
         products = [torch._int_mm(digits, w) for w in self.w_digits]
         pointers = (ctypes.c_void_p * len(products))(*[p.data_ptr() for p in products])
-        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
         _library().prism_combine_digits(pointers, m, self.n, self.act_passes, len(products), *epilogue.pointers,
                                         out.data_ptr(), torch.get_num_threads())
         return out
@@ -447,7 +453,8 @@ class AmxDigitWeight:
         return q[:, :m], scale
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
-               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+               w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
         """x_int: quantize()'s digits, or (M, K) integer-valued, |x_int| <= x_bound. Without scales ->
         (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) -> (M, N) float32,
         ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,)."""
@@ -463,7 +470,7 @@ class AmxDigitWeight:
             for t, digit in enumerate(split_digits(x_int, self.act_passes)):
                 q[t, :m, : self.k] = digit
         mp = q.stride(0) // q.stride(1)
-        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias)
+        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
         _library().prism_amx_digits_gemm(q.data_ptr(), m, mp, self.kquads, self.act_passes, self._pointers,
                                          len(self.panels), self.n, *epilogue.pointers, out.data_ptr(),
                                          torch.get_num_threads())

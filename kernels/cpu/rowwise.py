@@ -1,7 +1,8 @@
 """The decoder's row-wise passes on x86 CPUs (csrc/rowwise.cpp, built into the kernel library): RMSNorm,
 SwiGLU (with down_proj's online Hadamard in the same pass), the Hadamard transform alone and the rotary
-embedding, each with one operation order on every x86 CPU kind (AVX2 + FMA instructions only: the same bits on an AVX2-only
-EPYC and an AVX-512 Xeon), every row by one thread (batch- and thread-count invariant). Their torch
+embedding, each with one operation order on every x86 CPU kind (AVX2 + FMA instructions, and SwiGLU's SiLU 16
+lanes at a time where the CPU has AVX-512, each lane the same steps: the same bits on an AVX2-only EPYC and an
+AVX-512 Xeon), every row by one thread (batch- and thread-count invariant). Their torch
 references are prism_backend/model/layers.py's rms_norm, swiglu and apply_rotary and model/hadamard.transform
 (tests/test_rowwise_cpu.py); prism_backend/model uses these where the library loads.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu.exact_gemm import _library, load
+from kernels.cpu.features import has_avx512
 
 
 def available() -> bool:
@@ -27,16 +29,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.view(x.shape)
 
 
-def swiglu(gate_up: torch.Tensor, hadamard_block: int = 0) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor, hadamard_block: int = 0, wide: bool | None = None) -> torch.Tensor:
     """gate_up (N, 2 I) float32, gate first -> silu(gate) * up (N, I) with SiLU as gate / (1 + exp(-gate))
     (the library's exp); with hadamard_block > 0 (a power of two dividing I) then times the block-diagonal
-    Hadamard, as hadamard_rows would, in the same pass."""
+    Hadamard, as hadamard_rows would, in the same pass. wide: 16 lanes per instruction (AVX-512; the
+    default where the CPU has it) or 8 -- the same bits."""
+    wide = has_avx512() if wide is None else wide
+    if wide and not has_avx512():
+        raise RuntimeError("the 16-lane SwiGLU needs a CPU with AVX-512")
     gate_up = gate_up.float().contiguous()
     n, i = gate_up.shape[0], gate_up.shape[1] // 2
     if hadamard_block and (hadamard_block & (hadamard_block - 1) or i % hadamard_block):
         raise ValueError(f"the Hadamard block must be a power of two dividing {i}, got {hadamard_block}")
     out = torch.empty(n, i, dtype=torch.float32)
-    _library().prism_swiglu(gate_up.data_ptr(), n, i, hadamard_block, out.data_ptr(), torch.get_num_threads())
+    _library().prism_swiglu(gate_up.data_ptr(), n, i, hadamard_block, out.data_ptr(), int(wide),
+                            torch.get_num_threads())
     return out
 
 

@@ -275,16 +275,18 @@ class ExactWeight:
             self.digits = int8_passes(w_int, self.weight_passes)
         return self.digits
 
-    def linear(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
         """The served projection on one rank: x (M, K) float32 quantised per row to |X| <= x_bound,
-        X @ W exactly, dequantised ((X @ W) * x_scale) * w_scale, rounded once, + bias (N,) -> (M, N)
-        float32. A kernel with fused quantisation and epilogue does it in one library call (the same
-        operations); route() times exactly this."""
+        X @ W exactly, dequantised ((X @ W) * x_scale) * w_scale, rounded once, + bias (N,) (+ residual
+        (M, N), last) -> (M, N) float32. A kernel with fused quantisation and epilogue does it in one
+        library call (the same operations); route() times exactly this."""
         if self.fused is not None:
             x_kernel, x_scale = self.fused.quantize(x, self.x_bound)  # (M, K padded) int16 / uint8, (M, 1)
-            return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias)
+            return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual)
         x_int, x_scale = quantize_rows(x, self.x_bound)  # (M, K), (M, 1)
-        return dequantize(self.matmul(x_int), x_scale, w_scale, bias)
+        out = dequantize(self.matmul(x_int), x_scale, w_scale, bias)
+        return out if residual is None else out.add_(residual)
 
     def matmul(self, x_int: torch.Tensor) -> torch.Tensor:
         """x_int: (M, K) integer-valued float32, |x_int| <= int_bound(act_passes) -> (M, N) float64,

@@ -54,10 +54,12 @@ class FixedPointLinear:
         self.weight, self.bias = weight, bias
         self.bits = operand_bits(weight.shape[1])
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (N, in) float32 -> (N, out) float32."""
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (N, in) float32 -> (N, out) float32 (+ residual (N, out) last, where given)."""
         w_int, w_exponent = to_fixed(self.weight, self.bits)  # (out, in), (out, 1)
         x_int, x_exponent = to_fixed(x, self.bits)  # (N, in), (N, 1)
         acc = x_int @ w_int.T  # (N, out): exact integers, whatever the BLAS does
         out = acc.mul_(power_of_two(x_exponent)).mul_(power_of_two(w_exponent.T)).to(torch.float32)
-        return out if self.bias is None else out.add_(self.bias)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out if residual is None else out.add_(residual)

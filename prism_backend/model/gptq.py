@@ -103,9 +103,9 @@ class _Recorder:
     def __init__(self, inner, width: int):
         self.inner, self.hessian = inner, Hessian(width)
 
-    def __call__(self, x):
+    def __call__(self, x, residual=None):
         self.hessian.add(x)
-        return self.inner(x)
+        return self.inner(x, residual)
 
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
@@ -150,12 +150,12 @@ class _ErrorRecorder:
         self.sum = torch.zeros(integers[0].shape[0], dtype=torch.int64)
         self.rows = 0
 
-    def __call__(self, x):
+    def __call__(self, x, residual=None):
         y = self.inner(x)  # (N, out) float32
         error = y.double() - self.quantized(x).double()  # element-wise: the same bits on every CPU
         self.sum += torch.round(error * 2.0**CORRECTION_BITS).to(torch.int64).sum(dim=0)
         self.rows += x.shape[0]
-        return y
+        return y if residual is None else y.add_(residual)
 
     def mean(self) -> torch.Tensor:
         return (self.sum.double() / (self.rows * 2.0**CORRECTION_BITS)).float()  # (out,)

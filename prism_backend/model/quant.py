@@ -35,11 +35,14 @@ class Fp32Linear:
         """group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel)."""
         self.weight, self.bias, self.group = weight, bias, group  # (out, in), (out,)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (M, in) -> x W^T + b (M, out), + residual (M, out) last where given (the decoder's skip)."""
         if self.group is None:
-            return F.linear(x, self.weight, self.bias)
-        out = self.group.all_reduce_sum(F.linear(x, self.weight))  # float sum: close, not bit-exact
-        return out if self.bias is None else out.add_(self.bias)
+            out = F.linear(x, self.weight, self.bias)
+        else:
+            out = self.group.all_reduce_sum(F.linear(x, self.weight))  # float sum: close, not bit-exact
+            out = out if self.bias is None else out.add_(self.bias)
+        return out if residual is None else out.add_(residual)
 
 
 def use_triton(kernels: str, x: torch.Tensor) -> bool:
@@ -82,13 +85,18 @@ class Int8Linear:
         """x: (M, in) float32 -> integers X (M, in) as float32, scales (M, 1)."""
         return quantize_rows(x, self.act_bound, None if self.group is None else self.group.all_reduce_max)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (M, in) float32 -> the dequantised exact product (M, out), + residual (M, out) last where
+        given: the decoder's skip connection, fused into the CPU kernels' epilogue (one float32
+        addition either way, so the same bits as adding it after)."""
         if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised
             x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1) with the all-reduced maxima
-            return dequantize(self.group.all_reduce_sum(self.w.matmul(x_int)), x_scale, self.w_scale, self.bias)
-        if use_triton(self.kernels, x):
-            return self._triton(*self.quantize_activations(x))
-        return self.w.linear(x, self.w_scale, self.bias)  # (M, out) float32
+            out = dequantize(self.group.all_reduce_sum(self.w.matmul(x_int)), x_scale, self.w_scale, self.bias)
+        elif use_triton(self.kernels, x):
+            out = self._triton(*self.quantize_activations(x))
+        else:
+            return self.w.linear(x, self.w_scale, self.bias, residual)  # (M, out) float32
+        return out if residual is None else out.add_(residual)
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """The Triton-lang exact GEMM on the int8 passes: pass i of X has scale x_scale * 128^(P-1-i),

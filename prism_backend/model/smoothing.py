@@ -29,10 +29,10 @@ class _AbsMax:
         self.inner = inner
         self.amax = None
 
-    def __call__(self, x):
+    def __call__(self, x, residual=None):
         m = x.abs().amax(dim=0)
         self.amax = m if self.amax is None else torch.maximum(self.amax, m)
-        return self.inner(x)
+        return self.inner(x, residual)
 
 
 def calibrate(model, forests) -> list[dict[str, torch.Tensor]]:

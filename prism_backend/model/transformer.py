@@ -75,7 +75,7 @@ class ForestTransformer:
         n = rms_norm(h, lw.post_norm, self.spec.rms_norm_eps)
         # (n, I); in a rotated model times down_proj's online Hadamard (rotation.online_down), same pass
         mlp = swiglu(p.gate_up(n), self.w.down_block or 0)
-        return h + p.down(mlp)
+        return p.down(mlp, residual=h)  # h + down(mlp), the addition in the projection's epilogue
 
     def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
         """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""
@@ -89,7 +89,7 @@ class ForestTransformer:
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k, v = _extend(past, k, v)  # (rows so far, Hkv, D)
         attn = attention.rows(q, k, v)  # (n, Hq, D)
-        h = h + p.o(attn.reshape(-1, s.q_dim))
+        h = p.o(attn.reshape(-1, s.q_dim), residual=h)  # h + o(attn)
         return self._mlp_block(h, lw, p), k, v
 
     def _last_layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, answers, cos, sin, past):
@@ -105,7 +105,7 @@ class ForestTransformer:
         q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
         q = apply_rotary(q, cos[answers], sin[answers])
         attn = attention.answers(q, k, v)  # (A, Hq, D)
-        h = h[answers] + p.o(attn.reshape(-1, s.q_dim))
+        h = p.o(attn.reshape(-1, s.q_dim), residual=h[answers])
         return self._mlp_block(h, lw, p), k, v
 
     @torch.inference_mode()

@@ -19,7 +19,8 @@
 // thread count -- can change a bit.
 //
 // Output: with x_scale null, the raw sums X @ W as float64 (the tensor-parallel path all-reduces
-// them first). Otherwise float32 out[r][c] = (float)((sum * x_scale[r]) * w_scale[c]) (+ bias[c]),
+// them first). Otherwise float32 out[r][c] = (float)((sum * x_scale[r]) * w_scale[c]) (+ bias[c])
+// (+ residual[r][c] last: the decoder's residual add, one float32 addition as torch's `h + out`),
 // the same IEEE operations in the same order as quant.py's torch epilogue (built without FP
 // contraction), so the fused and unfused routes give the same bits.
 #include <immintrin.h>
@@ -45,6 +46,7 @@ struct Epilogue {
   const float* x_scale;  // (m,) or null: raw float64 output
   const float* w_scale;  // (n,)
   const float* bias;     // (n,) or null
+  const float* residual; // (m, n) or null: added last, out = residual + dequantised (the decoder's skip)
   void* out;             // (m, n) float64 or float32
   long n;
 };
@@ -67,11 +69,13 @@ inline void store_row(const double* c, int row, int col, int ncols, const Epilog
     const __m256d ws = _mm256_cvtps_pd(_mm_loadu_ps(e.w_scale + col + j));
     __m128 v = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(c + j), vxs), ws));
     if (e.bias) v = _mm_add_ps(v, _mm_loadu_ps(e.bias + col + j));
+    if (e.residual) v = _mm_add_ps(_mm_loadu_ps(e.residual + base + j), v);
     _mm_storeu_ps(dst + j, v);
   }
   for (; j < ncols; ++j) {
     float v = (float)((c[j] * xs) * (double)e.w_scale[col + j]);
-    dst[j] = e.bias ? v + e.bias[col + j] : v;
+    if (e.bias) v = v + e.bias[col + j];
+    dst[j] = e.residual ? e.residual[base + j] + v : v;
   }
 }
 
@@ -393,9 +397,9 @@ extern "C" {
 // panels are split between `threads` OpenMP threads (static schedule per block of rows). See the
 // top of the file for the epilogue arguments.
 void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax, int n,
-                      int block, const float* x_scale, const float* w_scale, const float* bias, void* out,
-                      int threads) {
-  const Epilogue e{x_scale, w_scale, bias, out, n};
+                      int block, const float* x_scale, const float* w_scale, const float* bias, const float* residual,
+                      void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   const int panels = (n + NR - 1) / NR;
   int16_products<MR>(x, m, kpairs, wmax, block, panels, threads, [&](const Operand& a, int p, int r0, int r1) {
     const int16_t* panel = packed + (long)p * kpairs * 2 * NR;
@@ -410,8 +414,8 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
 // MR16 rows by two panels. Call only where the CPU has AVX-512 VNNI.
 PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax,
                                   int n, int block, const float* x_scale, const float* w_scale, const float* bias,
-                                  void* out, int threads) {
-  const Epilogue e{x_scale, w_scale, bias, out, n};
+                                  const float* residual, void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   const int panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2;
   const long panel_stride = (long)kpairs * 2 * NR;
   auto group = [&](const Operand& a, int g, int r0, int r1) PRISM_VNNI {
@@ -429,8 +433,9 @@ PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int
 // int8; corr: (ceil(n/32) * 32,) int32, 128 * sum_k W[k][c]. Rows in L2-sized blocks, OpenMP threads over
 // the panels as in prism_int16_gemm; the same epilogue arguments. Call only where the CPU has AVX-512 VNNI.
 PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
-                                 const float* x_scale, const float* w_scale, const float* bias, void* out, int threads) {
-  const Epilogue e{x_scale, w_scale, bias, out, n};
+                                 const float* x_scale, const float* w_scale, const float* bias, const float* residual,
+                                 void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   const int panels = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads;
   const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;
@@ -506,8 +511,8 @@ void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int pas
 // exact: every term is an int32 times a power of two below 2^21 (exact), every partial sum an
 // integer below 2^53 -- so no order, vector width or contraction can change it.
 void prism_combine_digits(const int32_t* const* acc, int m, int n, int apasses, int wpasses, const float* x_scale,
-                          const float* w_scale, const float* bias, void* out, int threads) {
-  const Epilogue e{x_scale, w_scale, bias, out, n};
+                          const float* w_scale, const float* bias, const float* residual, void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   constexpr int CHUNK = 64;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int r = 0; r < m; ++r) {
@@ -566,6 +571,7 @@ PRISM_AMX inline void store16(const __m512d sums[2], int row, int col, int valid
     const __m512d ws = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(masks[h], e.w_scale + col + 8 * h));
     __m256 v = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(sums[h], _mm512_set1_pd((double)e.x_scale[row])), ws));
     if (e.bias) v = _mm256_add_ps(v, _mm256_maskz_loadu_ps(masks[h], e.bias + col + 8 * h));
+    if (e.residual) v = _mm256_add_ps(_mm256_maskz_loadu_ps(masks[h], e.residual + base + 8 * h), v);
     _mm256_mask_storeu_ps(static_cast<float*>(e.out) + base + 8 * h, masks[h], v);
   }
 }
@@ -627,9 +633,9 @@ int prism_amx_init() {
 // Rows in L2-sized blocks and panels shared among the threads as in the other kernels; every thread
 // loads the tile configuration and releases the tiles after. Call only after prism_amx_init() == 0.
 PRISM_AMX void prism_amx8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
-                               const float* x_scale, const float* w_scale, const float* bias, void* out,
-                               int threads) {
-  const Epilogue e{x_scale, w_scale, bias, out, n};
+                               const float* x_scale, const float* w_scale, const float* bias, const float* residual,
+                               void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   const int panels = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads;
   const int padded_m = (m + 15) / 16 * 16;
@@ -704,8 +710,8 @@ extern "C" {
 // prism_amx_init() == 0.
 PRISM_AMX void prism_amx_digits_gemm(const int8_t* x, int m, int mp, int kquads, int apasses, const int8_t* const* panels,
                                      int wpasses, int n, const float* x_scale, const float* w_scale, const float* bias,
-                                     void* out, int threads) {
-  const Epilogue e{x_scale, w_scale, bias, out, n};
+                                     const float* residual, void* out, int threads) {
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   const int panel_count = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads, digit_stride = (long)mp * ldx;
   const int row_block = ((256 * 1024 / (int)(ldx * apasses)) / 16 + 1) * 16;

@@ -1,6 +1,6 @@
 // Row-wise passes of the decoder with one operation order on every x86 CPU kind (the AVX2 + FMA
-// instructions only, so an AVX2-only EPYC and an AVX-512 Xeon give the same bits), each row by one
-// thread (batch- and thread-count invariant):
+// instructions, and SwiGLU's SiLU also in AVX-512's 16 lanes with the same steps per lane, so an AVX2-only
+// EPYC and an AVX-512 Xeon give the same bits), each row by one thread (batch- and thread-count invariant):
 //   prism_rms_norm       y = (x * (1 / sqrt(sum(x^2) / H + eps))) * w, the sum of squares in eight
 //                        partial sums (element j into sum j mod 8, in order) added in a fixed tree
 //   prism_swiglu         silu(gate) * up = (gate / (1 + exp(-gate))) * up with vec.h's exp, and, with a
@@ -65,6 +65,23 @@ inline void hadamard_row(float* row, int k, int block) {
   }
 }
 
+// silu(gate) * up = (gate / (1 + exp(-gate))) * up for elements j.. in whole Vecs of one width (every
+// lane the same IEEE steps in both widths, so both give the same bits); returns where it stopped.
+#define PRISM_SILU_UP_BODY                                                               \
+  for (; j + W <= i; j += W) {                                                           \
+    const Vec g = load(gate + j);                                                        \
+    store(dst + j, mul(div(g, add(set1(1.0f), exp(neg(g)))), load(up + j)));             \
+  }                                                                                      \
+  return j;
+
+inline int silu_up(const float* gate, const float* up, float* dst, int j, int i) { PRISM_SILU_UP_BODY }
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512dq,avx512vl,avx512bw")
+namespace avx512 {
+inline int silu_up(const float* gate, const float* up, float* dst, int j, int i) { PRISM_SILU_UP_BODY }
+}  // namespace avx512
+#pragma GCC pop_options
+
 }  // namespace
 
 extern "C" {
@@ -98,26 +115,21 @@ void prism_rms_norm(const float* x, int m, int h, const float* w, float eps, flo
 }
 
 // gate_up: (m, 2 i) float32, gate first; out: (m, i) = silu(gate) * up, then the Hadamard butterfly
-// in blocks of `block` on each row where block > 0 (a power of two dividing i).
-void prism_swiglu(const float* gate_up, int m, int i, int block, float* out, int threads) {
+// in blocks of `block` on each row where block > 0 (a power of two dividing i). wide: 16 lanes at a
+// time where the CPU has AVX-512 (the caller checks), then 8, then the tail in a zero-padded vector --
+// the same steps per element either way.
+void prism_swiglu(const float* gate_up, int m, int i, int block, float* out, int wide, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int r = 0; r < m; ++r) {
     const float* gate = gate_up + (int64_t)r * 2 * i;
     const float* up = gate + i;
     float* dst = out + (int64_t)r * i;
-    int j = 0;
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (; j + 8 <= i; j += 8) {
-      const __m256 g = _mm256_loadu_ps(gate + j);
-      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_xor_ps(g, sign))));
-      _mm256_storeu_ps(dst + j, _mm256_mul_ps(silu, _mm256_loadu_ps(up + j)));
-    }
+    int j = wide ? avx512::silu_up(gate, up, dst, 0, i) : 0;
+    j = silu_up(gate, up, dst, j, i);
     if (j < i) {  // the tail through the same vector steps, in lanes of a zero-padded vector
       alignas(32) float g8[8] = {}, u8[8] = {}, o8[8];
       for (int t = 0; j + t < i; ++t) g8[t] = gate[j + t], u8[t] = up[j + t];
-      const __m256 g = _mm256_load_ps(g8);
-      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_xor_ps(g, sign))));
-      _mm256_store_ps(o8, _mm256_mul_ps(silu, _mm256_load_ps(u8)));
+      silu_up(g8, u8, o8, 0, 8);
       for (int t = 0; j + t < i; ++t) dst[j + t] = o8[t];
     }
     if (block > 0) hadamard_row(dst, i, block);

@@ -77,7 +77,7 @@ void prism_tree_attention(const float* q, const float* k, const float* v, const 
   std::vector<float> kt_all((size_t)hkv * D * ldn);
 #pragma omp parallel num_threads(threads)
   {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) collapse(2)  // (head, d) rows: 3 heads alone split 2:1 over 2 threads
     for (int h = 0; h < hkv; ++h)
       for (int d = 0; d < D; ++d) {
         float* dst = kt_all.data() + ((size_t)h * D + d) * ldn;

@@ -40,6 +40,7 @@ inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
 inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+inline Vec neg(Vec a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }  // the sign bit flipped, exactly
 inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
 inline Vec round(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -69,6 +70,7 @@ inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
 inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec neg(Vec a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
 inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
 inline Vec round(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
