@@ -253,6 +253,23 @@ def test_8_bit_kernel_refuses_what_it_cannot_hold():
         PackedWeight8(torch.zeros(4, 2)).matmul(torch.zeros(1, 4), int_bound(2))
 
 
+@needs_vnni  # AVX-512 (VNNI CPUs have the F/BW/VL the 16-lane quantiser uses)
+@pytest.mark.parametrize("k", [5, 16, 577, 1536])
+def test_the_16_lane_quantisers_give_the_8_lane_integers(k):
+    """Where the CPU has AVX-512 the row quantisers run 16 lanes at a time (then 8, then the tail):
+    the same per-element steps, so the integers and scales of the AVX2 width, ties included."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(9, k, generator=gen) * torch.linspace(0.1, 9, k)
+    x[0, :4] = torch.tensor([2.5, -2.5, 3.5, 0.5])[: min(4, k)] * (x[0].abs().max() / 127)
+    x[1] = 0.0
+    lib = exact_gemm.load()
+    for function, width, dtype, bound in ((lib.prism_quantize_rows, -(-k // 2) * 2, torch.int16, int_bound(2)),
+                                          (lib.prism_quantize_rows_u8, -(-k // 4) * 4, torch.uint8, 127)):
+        wide = exact_gemm._quantize_rows(function, x, k, bound, width, dtype, wide=True)
+        narrow = exact_gemm._quantize_rows(function, x, k, bound, width, dtype, wide=False)
+        assert torch.equal(wide[0], narrow[0]) and torch.equal(wide[1], narrow[1])
+
+
 @needs_vnni
 @pytest.mark.parametrize("m, k", [(1, 576), (7, 577), (33, 1536), (3, 5)])
 def test_8_bit_quantisation_equals_the_torch_one(m, k):

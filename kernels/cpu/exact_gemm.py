@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni  # noqa: F401 (callers ask here too)
+from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512, has_avx512_vnni  # noqa: F401 (callers ask here too)
 
 CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
@@ -94,7 +94,7 @@ def load():
             return None
         lib.prism_quantize_rows.restype = None
         lib.prism_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                            ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+                                            ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.prism_int16_gemm.restype = None
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
@@ -163,16 +163,20 @@ def fits(x_bound: int, w_bound: int) -> bool:
 
 
 def _quantize_rows(function, x: torch.Tensor, k: int, x_bound: int, width: int, dtype: torch.dtype,
-                   row_multiple: int = 1, pad: int = 0):
+                   row_multiple: int = 1, pad: int = 0, wide: bool | None = None):
     """One of the library's row quantisers on x (M, K) -> (its operand (M, width) of `dtype`, the
     row scales (M, 1) float32). With row_multiple > 1 the operand is a view of the first M rows of a
-    buffer whose further rows, up to a multiple of row_multiple, hold `pad` (the AMX kernel's tiles)."""
+    buffer whose further rows, up to a multiple of row_multiple, hold `pad` (the AMX kernel's tiles).
+    wide: 16 lanes at a time (AVX-512; the default where the CPU has it) or 8 -- the same integers."""
+    wide = has_avx512() if wide is None else wide
+    if wide and not has_avx512():
+        raise RuntimeError("the 16-lane quantiser needs a CPU with AVX-512")
     x = x.float().contiguous()
     m = x.shape[0]
     q = torch.empty(-(-m // row_multiple) * row_multiple, width, dtype=dtype)
     q[m:] = pad
     scale = torch.empty(m, 1, dtype=torch.float32)
-    function(x.data_ptr(), m, k, x_bound, q.data_ptr(), width, scale.data_ptr(), torch.get_num_threads())
+    function(x.data_ptr(), m, k, x_bound, q.data_ptr(), width, scale.data_ptr(), int(wide), torch.get_num_threads())
     return q[:m], scale
 
 
