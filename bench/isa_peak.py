@@ -37,6 +37,7 @@ from prism_backend.config import ComputeSettings  # noqa: E402
 from prism_backend.model.quant import Int8Linear  # noqa: E402
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "isa_peak.cpp"
+KERNEL_CSRC = Path(__file__).resolve().parents[1] / "kernels" / "cpu" / "csrc"  # accumulate.h: the kernels' asm steps
 FMA, FMA512 = "fp32 FMA ymm (vfmadd231ps, AVX2)", "fp32 FMA zmm (vfmadd231ps, AVX-512)"
 MADD, DPWSSD = "int16 vpmaddwd + vpaddd ymm", "int16 vpdpwssd zmm (AVX-512 VNNI)"
 DPBUSD = "int8 vpdpbusd zmm (AVX-512 VNNI)"
@@ -50,7 +51,8 @@ FOREST_A = [(29, 0), (128, 29), (128, 157), (128, 285), (128, 413), (107, 541), 
 
 def peak_library():
     out = Path(tempfile.mkdtemp()) / "isa_peak.so"
-    subprocess.run(["g++", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-o", str(out), str(SOURCE)], check=True)
+    subprocess.run(["g++", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-I", str(KERNEL_CSRC), "-o", str(out),
+                    str(SOURCE)], check=True)
     lib = ctypes.CDLL(str(out))
     for name, _, _ in LOOPS.values():
         getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_double, [ctypes.c_long]

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "accumulate.h"  // kernels/cpu/csrc: dpwssd, dpbusd
+
 // One peak loop: NAME(iters) runs `iters` rounds of STEP on 12 accumulators of type VEC.
 #define PEAK_LOOP(NAME, ATTR, VEC, INIT, A, B, STEP, ADD, REG)                   \
   ATTR double NAME(long iters) {                                                 \
@@ -30,10 +32,10 @@
     return first;                                                                \
   }
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))  // accumulate.h's set: its steps inline
 // Each step is written as asm: GCC 12 compiles the intrinsics of these accumulating instructions into
 // a copy of every accumulator per step (and computed vpmaddwd(a, b) once for all 12 chains), which
-// measured the compiler, not the instruction. The same asm steps as the kernels in kernels/cpu/csrc.
+// measured the compiler, not the instruction. The VNNI steps are the kernels' own (accumulate.h).
 inline __m256 fma256(__m256 a, __m256 c, __m256 b) {
   __asm__("vfmadd231ps %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
   return c;
@@ -47,14 +49,9 @@ inline __m256i madd256(__m256i a, __m256i c, __m256i b) {  // the int16 kernel's
   __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(c), "=&x"(t) : "x"(a), "x"(b));
   return c;
 }
-AVX512 inline __m512i dpwssd(__m512i a, __m512i c, __m512i b) {
-  __asm__("vpdpwssd %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
-  return c;
-}
-AVX512 inline __m512i dpbusd(__m512i a, __m512i c, __m512i b) {
-  __asm__("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
-  return c;
-}
+// the kernels' own asm steps (kernels/cpu/csrc/accumulate.h), in PEAK_LOOP's (a, c, b) order
+#define DPWSSD(a, c, b) dpwssd(c, a, b)
+#define DPBUSD(a, c, b) dpbusd(c, a, b)
 
 extern "C" {
 PEAK_LOOP(fma_peak, , __m256, _mm256_set1_ps, _mm256_set1_ps(1.0000001f), _mm256_set1_ps(0.9999999f), fma256,
@@ -63,8 +60,8 @@ PEAK_LOOP(fma512_peak, AVX512, __m512, _mm512_set1_ps, _mm512_set1_ps(1.0000001f
           fma512, _mm512_add_ps, "v")
 PEAK_LOOP(madd_peak, , __m256i, _mm256_set1_epi32, _mm256_set1_epi16(3), _mm256_set1_epi16(5), madd256,
           _mm256_add_epi32, "x")
-PEAK_LOOP(dpwssd_peak, AVX512, __m512i, _mm512_set1_epi32, _mm512_set1_epi16(3), _mm512_set1_epi16(5), dpwssd,
+PEAK_LOOP(dpwssd_peak, AVX512, __m512i, _mm512_set1_epi32, _mm512_set1_epi16(3), _mm512_set1_epi16(5), DPWSSD,
           _mm512_add_epi32, "v")
-PEAK_LOOP(dpbusd_peak, AVX512, __m512i, _mm512_set1_epi32, _mm512_set1_epi8(3), _mm512_set1_epi8(5), dpbusd,
+PEAK_LOOP(dpbusd_peak, AVX512, __m512i, _mm512_set1_epi32, _mm512_set1_epi8(3), _mm512_set1_epi8(5), DPBUSD,
           _mm512_add_epi32, "v")
 }

@@ -33,6 +33,8 @@
 
 #include <vector>
 
+#include "accumulate.h"  // dpwssd, dpbusd, add_into: the accumulating instructions in place
+
 namespace {
 
 constexpr int NR = 16;  // columns per panel: two 8-lane int32 accumulators per row
@@ -107,13 +109,6 @@ inline int plan_runs(const int64_t* bounds, int blocks, int block, int kpairs, i
     ends[count++] = end < kpairs ? (int)end : kpairs;
   }
   return count;
-}
-
-// acc += x as one in-place vpaddd (asm): GCC 12 wrote the sum to a fresh register and moved it back
-// into the accumulator on every k-step (6 extra moves per 6 products in the 3-row tile).
-inline __m256i add_into(__m256i acc, __m256i x) {
-  asm("vpaddd %1, %0, %0" : "+x"(acc) : "x"(x));
-  return acc;
 }
 
 template <int R>
@@ -220,18 +215,6 @@ inline void int16_products(const int16_t* x, int m, int kpairs, const int32_t* w
 // lanes are widened to float64 at the end of each run. Integer sums, so the same bits as every route.
 constexpr int MR16 = 6;  // rows per tile: 6 rows x 2 panels = 12 zmm accumulators, 2 weight registers
 
-// vpdpwssd / vpdpbusd accumulate in place (acc += products), written as one-instruction asm: GCC 12's
-// intrinsics for them copied every accumulator to a fresh register and back on every k-step (24 zmm
-// moves per 12 products in the 6 x 2 tile, and stack spills in the 8-row 8-bit tile). The same
-// instructions, so the same integers. dpbusd's first source is the unsigned operand, the second the signed.
-PRISM_VNNI inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
-  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-PRISM_VNNI inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-  return acc;
-}
 
 template <int R, int P>
 PRISM_VNNI inline void tile16(const Operand& a, const int16_t* panel, long panel_stride, int row, int col,
