@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512, has_avx512_vnni  # noqa: F401 (callers ask here too)
+from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni, wide_lanes  # noqa: F401 (callers ask here too)
 
 CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
@@ -168,9 +168,7 @@ def _quantize_rows(function, x: torch.Tensor, k: int, x_bound: int, width: int, 
     row scales (M, 1) float32). With row_multiple > 1 the operand is a view of the first M rows of a
     buffer whose further rows, up to a multiple of row_multiple, hold `pad` (the AMX kernel's tiles).
     wide: 16 lanes at a time (AVX-512; the default where the CPU has it) or 8 -- the same integers."""
-    wide = has_avx512() if wide is None else wide
-    if wide and not has_avx512():
-        raise RuntimeError("the 16-lane quantiser needs a CPU with AVX-512")
+    wide = wide_lanes(wide, "the row quantiser")
     x = x.float().contiguous()
     m = x.shape[0]
     q = torch.empty(-(-m // row_multiple) * row_multiple, width, dtype=dtype)

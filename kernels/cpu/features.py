@@ -81,6 +81,17 @@ def has_avx512() -> bool:
     return flags is not None and {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= flags
 
 
+def wide_lanes(wide: bool | None, what: str) -> bool:
+    """Whether a kernel with a 16-lane (AVX-512) and an 8-lane (AVX2) instance of the same bits runs the
+    16-lane one: `wide` as asked, or where the CPU has AVX-512 when None. Asking for it on a CPU
+    without AVX-512 is an error naming `what`."""
+    if wide is None:
+        return has_avx512()
+    if wide and not has_avx512():
+        raise RuntimeError(f"the 16-lane instance of {what} needs a CPU with AVX-512 F/DQ/VL/BW")
+    return wide
+
+
 def has_amx_int8() -> bool:
     """Whether this CPU has Intel's AMX tiles with int8 products (the 8-bit kernel's AMX variant)."""
     flags = cpu_flags()

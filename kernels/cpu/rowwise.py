@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu.exact_gemm import _library, load
-from kernels.cpu.features import has_avx512
+from kernels.cpu.features import wide_lanes
 
 
 def available() -> bool:
@@ -34,9 +34,7 @@ def swiglu(gate_up: torch.Tensor, hadamard_block: int = 0, wide: bool | None = N
     (the library's exp); with hadamard_block > 0 (a power of two dividing I) then times the block-diagonal
     Hadamard, as hadamard_rows would, in the same pass. wide: 16 lanes per instruction (AVX-512; the
     default where the CPU has it) or 8 -- the same bits."""
-    wide = has_avx512() if wide is None else wide
-    if wide and not has_avx512():
-        raise RuntimeError("the 16-lane SwiGLU needs a CPU with AVX-512")
+    wide = wide_lanes(wide, "SwiGLU")
     gate_up = gate_up.float().contiguous()
     n, i = gate_up.shape[0], gate_up.shape[1] // 2
     if hadamard_block and (hadamard_block & (hadamard_block - 1) or i % hadamard_block):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu.exact_gemm import _library, load
-from kernels.cpu.features import has_avx512
+from kernels.cpu.features import has_avx512, wide_lanes  # noqa: F401 (has_avx512: asked here)
 
 HEAD_DIM = 64  # the kernel's head dimension (1 / sqrt(64) is a power of two: q's scaling is exact)
 
@@ -38,9 +38,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_rows: 
     """q: (n, Hq, 64) float32; k, v: (key rows, Hkv, 64) float32; key_rows, table: segment_table's ->
     (n, Hq, 64) float32; rows of q that no segment covers stay uninitialised. wide: the AVX-512
     instance (default: where the CPU has it) or the AVX2 one -- the same bits (tests compare them)."""
-    wide = has_avx512() if wide is None else wide
-    if wide and not has_avx512():
-        raise RuntimeError("the AVX-512 instance of tree attention needs a CPU with AVX-512 F/DQ/VL/BW")
+    wide = wide_lanes(wide, "tree attention")
     if q.shape[-1] != HEAD_DIM or k.shape[-1] != HEAD_DIM or q.shape[1] % k.shape[1]:
         raise ValueError(f"tree attention takes heads of {HEAD_DIM} and query heads a multiple of the key heads, "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")

@@ -215,7 +215,6 @@ inline void int16_products(const int16_t* x, int m, int kpairs, const int32_t* w
 // lanes are widened to float64 at the end of each run. Integer sums, so the same bits as every route.
 constexpr int MR16 = 6;  // rows per tile: 6 rows x 2 panels = 12 zmm accumulators, 2 weight registers
 
-
 template <int R, int P>
 PRISM_VNNI inline void tile16(const Operand& a, const int16_t* panel, long panel_stride, int row, int col,
                               int ncols, const Epilogue& e) {
@@ -340,10 +339,10 @@ inline float row_scale(const float* row, int k, int bound) {
 // Returns where it stopped; quantize_rows goes on from there in 8 lanes, so both widths give the same
 // integers.
 #define PRISM_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
-PRISM_AVX512 inline void store16(int16_t* out, __m512i i32) {
+PRISM_AVX512 inline void store16_lanes(int16_t* out, __m512i i32) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(i32));
 }
-PRISM_AVX512 inline void store16(uint8_t* out, __m512i i32) {
+PRISM_AVX512 inline void store16_lanes(uint8_t* out, __m512i i32) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(_mm512_add_epi32(i32, _mm512_set1_epi32(128))));
 }
 template <typename T>
@@ -353,7 +352,7 @@ PRISM_AVX512 int quantize_row16(const float* row, int k, float s, int bound, T* 
   for (; j + 16 <= k; j += 16) {
     __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-    store16(out + j, _mm512_cvtps_epi32(v));
+    store16_lanes(out + j, _mm512_cvtps_epi32(v));
   }
   return j;
 }
