@@ -39,7 +39,9 @@ LOOPBACK = "127.0.0.1"
 # Environment of the models' processes, whoever starts them: server_environment here, the
 # execution environment's bin/activate in an exported repository (prism_launcher/execution_env.py).
 MODEL_ENVIRONMENT = {
-    "TOKENIZERS_PARALLELISM": "false",
+    # the tokenizer step encodes a request's prompts in one parallel call (text/tokenizer.py
+    # encode_many); Triton starts the stubs by exec, so no fork follows the tokenizer's threads
+    "TOKENIZERS_PARALLELISM": "true",
     "MKL_CBWR": MKL_CBWR_ENV,  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
 }
 

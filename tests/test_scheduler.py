@@ -208,6 +208,34 @@ def test_an_idle_engine_gathers_requests_sent_together():
         scheduler.stop()
 
 
+def test_gathering_follows_what_it_finds():
+    """A window waited out for nobody turns gathering off: the next lone request starts at once.
+    A request arriving within a window of that lone start turns it back on: the next requests sent
+    together form one batch again."""
+    engine = SlowEngine()
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=8, bound_s=60, gather_s=2.0).start()
+    scheduler.submit("a")
+    assert engine.started.acquire(timeout=10)  # after its 2 s window, alone
+    engine.release.release()
+    wait_until(lambda: scheduler._running is None)
+    start = time.monotonic()
+    scheduler.submit("b")
+    assert engine.started.acquire(timeout=10)
+    assert time.monotonic() - start < 1.0  # no window: nobody came the last time
+    scheduler.submit("c")  # within b's would-be window: requests come in groups again
+    engine.release.release()
+    assert engine.started.acquire(timeout=10)  # c, queued behind b
+    engine.release.release()
+    wait_until(lambda: scheduler._running is None)
+    scheduler.submit("d")
+    time.sleep(0.05)
+    scheduler.submit("e")
+    assert engine.started.acquire(timeout=10)
+    engine.release.release()
+    assert engine.batches == [["a"], ["b"], ["c"], ["d", "e"]]
+    scheduler.stop()
+
+
 def test_a_request_s_size_is_read_from_its_token_tensors():
     """What prism_decision's execute() queues with each request: its rows and its shareable ids;
     tensors that validation will refuse later count as nothing, never raise here."""

@@ -27,6 +27,11 @@ never waits for the instance and never holds a queue, and the queue lives here, 
              together reach this step a few ms apart, each after its own tokenizer step), unless
              the batch is full first. A request that queued while a batch ran has waited already:
              no gathering then; nor for an urgent request (its batch counts as full at once).
+             Gathering follows what it finds: a window that gathered nothing turns it off (a lone
+             caller, one request after another, would otherwise wait out every window: 8 ms of a
+             ~250 ms answer), and a request arriving within `gather_s` of a batch that started
+             alone turns it back on (requests come in groups again; that group's first ran alone,
+             the rest in the next batch).
   backstop   a request whose wait plus its batch's expected time would pass the bound when the
              batch is formed is refused instead of scored (Rejection "overdue"): estimates at the
              door can be off (the first requests, a change of workload).
@@ -113,6 +118,9 @@ class Scheduler:
         self.seconds_per_request = 0.0  # measured: moving average of batch seconds / batch size
         self._lanes = {True: deque(), False: deque()}  # urgent, bulk: Tickets in arrival order
         self._running: tuple[float, int] | None = None  # (start, requests) of the batch being scored
+        self._gathering = gather_s > 0  # whether an idle engine waits for company (see gathering)
+        self._alone_since: float | None = None  # arrival of the lone request of a batch that started at once
+        self._idle_since = -math.inf  # clock() when the last batch ended
         self._stopping = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -167,6 +175,10 @@ class Scheduler:
                     f"overloaded: a {lane} request now would wait about {answered_in:.1f} s for its answer "
                     f"({self._ahead(urgent)} queued ahead of it), more than the {self.bound_s:g} s bound allows "
                     f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry, urgent)
+            if not urgent and self._alone_since is not None:
+                if now - self._alone_since <= self.gather_s:
+                    self._gathering = True  # company that a window would have caught
+                self._alone_since = None
             self._lanes[urgent].append(Ticket(item, urgent, now, rows, prefix))
             self._cond.notify()
             return None
@@ -238,9 +250,10 @@ class Scheduler:
             picked, full = self._pick()
             first = min(lane[0].arrived for lane in self._lanes.values() if lane)
             left = first + self.gather_s - self.clock()
-            if full or left <= 0:
+            if full or left <= 0 or not self._gathering:
                 break
             self._cond.wait(left)
+        self._learn_from_gathering(picked)
         for ticket in picked:  # the picked tickets are the first of their lanes
             self._lanes[ticket.urgent].popleft()
         now = self.clock()
@@ -252,6 +265,20 @@ class Scheduler:
             (overdue if late else batch).append(ticket)
         self._running = (now, len(batch)) if batch else None
         return batch, overdue
+
+    def _learn_from_gathering(self, picked: list[Ticket]) -> None:
+        """Under the lock, as a bulk batch that an idle engine starts is formed (one of requests that
+        queued behind a batch, or an urgent one, which never gathers, says nothing about company):
+        more than one request there turns gathering on; a window waited out for nobody turns it
+        off; a lone request started at once is remembered for submit() to check."""
+        if picked[0].urgent or picked[0].arrived < self._idle_since:
+            return
+        if len(self._lanes[False]) > 1:  # company (in this batch, or past its row budget)
+            self._gathering, self._alone_since = True, None
+        elif self._gathering:
+            self._gathering, self._alone_since = False, None
+        else:
+            self._alone_since = picked[0].arrived
 
     def _serve(self) -> None:
         while True:
@@ -281,3 +308,4 @@ class Scheduler:
                                                 (1 - EWMA_WEIGHT) * self.seconds_per_request
                                                 + EWMA_WEIGHT * per_request)
                     self._running = None
+                    self._idle_since = self.clock()

@@ -92,14 +92,6 @@ class PromptBuilder:
             raise RequestError("no tasks: give at least one element in 'tasks'")
 
         renders = [self.render(system, material, task) for task in tasks]
-        fulls = [self._encode(text) for text in renders]
-        for task, ids in zip(tasks, fulls):
-            if len(ids) + 1 > self.max_context:
-                raise RequestError(
-                    f"prompt for task {task.name!r} is {len(ids)} tokens; the model's context is "
-                    f"{self.max_context} tokens (material too long)"
-                )
-
         first = renders[0]
         content_start = first.find(render_user_content(material, tasks[0]))
         if content_start < 0:
@@ -107,8 +99,14 @@ class PromptBuilder:
         material_end = content_start + len(material)
         root_end = self._root_end(first, content_start)
 
-        root = self._encode(first[:root_end]) if root_end else []
-        trunk_guess = self._encode(first[:material_end])
+        # every prompt, the material's end and the system prompt's, in one call
+        *fulls, trunk_guess, root = self.tokenizer.encode_many([*renders, first[:material_end], first[:root_end]])
+        for task, ids in zip(tasks, fulls):
+            if len(ids) + 1 > self.max_context:
+                raise RequestError(
+                    f"prompt for task {task.name!r} is {len(ids)} tokens; the model's context is "
+                    f"{self.max_context} tokens (material too long)"
+                )
         root_len = min([common_prefix_length(root, ids) for ids in fulls])
         trunk_len = min([common_prefix_length(trunk_guess, ids) for ids in fulls])
         root_len = min(root_len, trunk_len)

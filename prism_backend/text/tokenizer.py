@@ -21,14 +21,19 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 class ChatTokenizer:
     """What the prompt builder needs of a tokenizer: the chat template, ids, added tokens."""
 
-    def __init__(self, encode, render, added_tokens: list[str], source: str):
-        self._encode, self._render = encode, render
+    def __init__(self, encode, encode_many, render, added_tokens: list[str], source: str):
+        self._encode, self._encode_many, self._render = encode, encode_many, render
         self.added_tokens = added_tokens  # special tokens as text: safe cut points in a prompt
         self.source = source  # "tokenizers" (torch-free) or "transformers" (AutoTokenizer)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, no BOS/EOS added (the template writes its own)."""
         return self._encode(text)
+
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """encode() of each text, in one call: the `tokenizers` library encodes them in parallel
+        (a request's prompts: about half the time of one after another on 2 cores)."""
+        return self._encode_many(texts)
 
     def render(self, messages: list[dict]) -> str:
         """The chat as the template writes it, ending with the assistant turn's opening."""
@@ -51,7 +56,9 @@ def load_tokenizer(model_dir: Path) -> ChatTokenizer:
         return rendered[0]
 
     added = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content]
-    return ChatTokenizer(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, render, added, "tokenizers")
+    return ChatTokenizer(lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+                         lambda texts: [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)],
+                         render, added, "tokenizers")
 
 
 def _chat_template(model_dir: Path) -> str | None:
@@ -91,6 +98,7 @@ def _transformers_tokenizer(model_dir: Path) -> ChatTokenizer:
     added = [t.content for t in tokenizer.added_tokens_decoder.values() if t.content]
     return ChatTokenizer(
         lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"],
         lambda messages: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
         added,
         "transformers",
