@@ -208,10 +208,10 @@ def test_an_idle_engine_gathers_requests_sent_together():
         scheduler.stop()
 
 
-def test_gathering_follows_what_it_finds():
-    """A window waited out for nobody turns gathering off: the next lone request starts at once.
-    A request arriving within a window of that lone start turns it back on: the next requests sent
-    together form one batch again."""
+def test_gathering_waits_for_the_group_it_found_last():
+    """A window waited out for nobody: the next lone request starts at once. A request arriving
+    within the window of that lone start makes the group two: the next two requests sent together
+    form one batch, started as the second arrives, long before the window's end."""
     engine = SlowEngine()
     scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=8, bound_s=60, gather_s=2.0).start()
     scheduler.submit("a")
@@ -227,10 +227,12 @@ def test_gathering_follows_what_it_finds():
     assert engine.started.acquire(timeout=10)  # c, queued behind b
     engine.release.release()
     wait_until(lambda: scheduler._running is None)
+    start = time.monotonic()
     scheduler.submit("d")
     time.sleep(0.05)
     scheduler.submit("e")
     assert engine.started.acquire(timeout=10)
+    assert time.monotonic() - start < 1.0  # on e's arrival, not at the 2 s window's end
     engine.release.release()
     assert engine.batches == [["a"], ["b"], ["c"], ["d", "e"]]
     scheduler.stop()

@@ -27,11 +27,12 @@ never waits for the instance and never holds a queue, and the queue lives here, 
              together reach this step a few ms apart, each after its own tokenizer step), unless
              the batch is full first. A request that queued while a batch ran has waited already:
              no gathering then; nor for an urgent request (its batch counts as full at once).
-             Gathering follows what it finds: a window that gathered nothing turns it off (a lone
-             caller, one request after another, would otherwise wait out every window: 8 ms of a
-             ~250 ms answer), and a request arriving within `gather_s` of a batch that started
-             alone turns it back on (requests come in groups again; that group's first ran alone,
-             the rest in the next batch).
+             The window ends early once as many requests are there as came within the last one
+             (counting those that arrived after its batch had started): a lone caller, one request
+             after another, waits for nobody (it would otherwise wait out every window: 8 ms of a
+             ~250 ms answer), a client that sends three at a time starts on its third. A group
+             larger than the last one is scored in two batches once and then waited for; a smaller
+             one waits out one window.
   backstop   a request whose wait plus its batch's expected time would pass the bound when the
              batch is formed is refused instead of scored (Rejection "overdue"): estimates at the
              door can be off (the first requests, a change of workload).
@@ -118,8 +119,11 @@ class Scheduler:
         self.seconds_per_request = 0.0  # measured: moving average of batch seconds / batch size
         self._lanes = {True: deque(), False: deque()}  # urgent, bulk: Tickets in arrival order
         self._running: tuple[float, int] | None = None  # (start, requests) of the batch being scored
-        self._gathering = gather_s > 0  # whether an idle engine waits for company (see gathering)
-        self._alone_since: float | None = None  # arrival of the lone request of a batch that started at once
+        # gathering (see the module docstring): requests the window waits for, learned from the last
+        # one; and that window, [first arrival, bulk requests within gather_s of it], while submit()
+        # may still count late ones into it
+        self._group = max_batch_size if gather_s > 0 else 1
+        self._window: list | None = None
         self._idle_since = -math.inf  # clock() when the last batch ended
         self._stopping = False
         self._cond = threading.Condition()
@@ -175,10 +179,12 @@ class Scheduler:
                     f"overloaded: a {lane} request now would wait about {answered_in:.1f} s for its answer "
                     f"({self._ahead(urgent)} queued ahead of it), more than the {self.bound_s:g} s bound allows "
                     f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry, urgent)
-            if not urgent and self._alone_since is not None:
-                if now - self._alone_since <= self.gather_s:
-                    self._gathering = True  # company that a window would have caught
-                self._alone_since = None
+            if not urgent and self._window is not None:
+                if now - self._window[0] <= self.gather_s:  # sent with the last window's, arrived late
+                    self._window[1] += 1
+                    self._group = self._window[1]
+                else:
+                    self._window = None
             self._lanes[urgent].append(Ticket(item, urgent, now, rows, prefix))
             self._cond.notify()
             return None
@@ -250,7 +256,7 @@ class Scheduler:
             picked, full = self._pick()
             first = min(lane[0].arrived for lane in self._lanes.values() if lane)
             left = first + self.gather_s - self.clock()
-            if full or left <= 0 or not self._gathering:
+            if full or left <= 0 or len(picked) >= self._group:
                 break
             self._cond.wait(left)
         self._learn_from_gathering(picked)
@@ -268,17 +274,14 @@ class Scheduler:
 
     def _learn_from_gathering(self, picked: list[Ticket]) -> None:
         """Under the lock, as a bulk batch that an idle engine starts is formed (one of requests that
-        queued behind a batch, or an urgent one, which never gathers, says nothing about company):
-        more than one request there turns gathering on; a window waited out for nobody turns it
-        off; a lone request started at once is remembered for submit() to check."""
-        if picked[0].urgent or picked[0].arrived < self._idle_since:
+        queued behind a batch, or an urgent one, which never gathers, says nothing about groups):
+        the bulk requests within gather_s of its first are the group the next window waits for;
+        submit() adds those that arrive later within it."""
+        first = picked[0]
+        if first.urgent or first.arrived < self._idle_since:
             return
-        if len(self._lanes[False]) > 1:  # company (in this batch, or past its row budget)
-            self._gathering, self._alone_since = True, None
-        elif self._gathering:
-            self._gathering, self._alone_since = False, None
-        else:
-            self._alone_since = picked[0].arrived
+        together = sum(1 for t in self._lanes[False] if t.arrived - first.arrived <= self.gather_s)
+        self._group, self._window = together, [first.arrived, together]
 
     def _serve(self) -> None:
         while True:
