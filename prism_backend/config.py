@@ -109,11 +109,13 @@ class EngineConfig:
     # Batching (serving/scheduler.py). A batch (one forest) holds at most this many prompt rows, rows
     # its requests share counted once (a request alone may hold more): a batch's time follows its
     # rows, and an urgent request waits for the bulk batch in flight (its own batch takes no bulk
-    # requests). 1024 rows hold three unrelated ~200-token tickets, or three questions whose
-    # ~600-token materials share most of their text, in one forest, and keep the urgent lane's wait
-    # where two requests per batch had it (2048 made it 1.4x longer for 12% more bulk throughput:
-    # bench/results/priority.md). 0 = no row budget.
-    max_batch_rows: int = 1024
+    # requests). 1600 rows hold three unrelated ~200-token tickets, or three questions whose
+    # ~600-token materials share a quarter of their text or more (1561 rows at a quarter: with
+    # 1024 they went in three forests, each computing the shared text again where the cache is off),
+    # in one forest. The urgent lane's wait measured no longer than with 1024 on the engine of
+    # 2026-12-03's afternoon (bench/results/priority.md: urgent median / p90 307 / 329 ms against
+    # 363 / 509); 2048 had made it 1.4x longer on the slower engine of that morning. 0 = no row budget.
+    max_batch_rows: int = 1600
     # An idle decision step waits up to this long after a request arrives for the requests sent with
     # it: they arrive a few ms apart, each after its own tokenizer step (measured on (b), 3 tickets
     # sent at once: all three within 2-6 ms; without waiting, the first was scored alone and the
