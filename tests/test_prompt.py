@@ -102,7 +102,7 @@ def test_empty_material_is_rejected(prompts):
 
 def test_torch_free_tokenizer_falls_back_to_transformers(model_dir, tmp_path, hf_tokenizer):
     """A checkpoint whose chat templates are named (a list in tokenizer_config.json) goes through
-    AutoTokenizer; either way the text and ids are transformers' own."""
+    AutoTokenizer; either way the text and ids are transformers' own, one text at a time or many."""
     import json
     import shutil
 
@@ -117,6 +117,8 @@ def test_torch_free_tokenizer_falls_back_to_transformers(model_dir, tmp_path, hf
     expected = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert lean.render(messages) == fallback.render(messages) == expected
     assert lean.encode(expected) == fallback.encode(expected) == hf_tokenizer(expected, add_special_tokens=False)["input_ids"]
+    texts = [expected, SAMPLE_TICKET, "", expected[:57]]  # encode_many: the prompt builder's one call
+    assert lean.encode_many(texts) == fallback.encode_many(texts) == [lean.encode(t) for t in texts]
     assert sorted(lean.added_tokens) == sorted(fallback.added_tokens)
 
 
