@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from side_by_side import THREADS, workload_a, workload_b, workload_c
+from side_by_side import THREADS, prism_batch_sender, workload_a, workload_b, workload_c
 from workloads import write_result
 
 from kernels.cpu.features import machine
@@ -32,7 +30,6 @@ from prism_backend.config import EngineConfig
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH
 from prism_backend.processes import free_port
 from prism_backend.serving.pipeline import DecisionPipeline
-from prism_client.client import PrismClient
 from prism_launcher.server import ServerOptions, TritonServer
 
 FIRST_TICKET = 3 * 10**5  # apart from side_by_side.py's ticket numbers
@@ -48,11 +45,12 @@ def model_stats(http_port: int) -> dict[str, tuple[int, float]]:
             for m in stats}
 
 
-def prism_metric_sums(metrics_port: int, prefix: str) -> float:
-    """The sum of every series of one of prism_decision's histogram sums (e.g. its queue wait)."""
+def prism_metric_sums(metrics_port: int) -> tuple[float, float]:
+    """prism_decision's queue wait and scoring seconds so far, each summed over its series."""
     with urllib.request.urlopen(f"http://localhost:{metrics_port}/metrics") as reply:
         lines = reply.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix + "{"))
+    return tuple(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+                 for name in (WAIT, SCORING))
 
 
 def main() -> None:
@@ -72,24 +70,13 @@ def main() -> None:
     with TritonServer(options):
         engine = DecisionPipeline(EngineConfig(model_dir=DEFAULT_MODEL_DIR, prefix_cache_bytes=0, num_threads=THREADS),
                                   REGISTRY_PATH)
-        local = threading.local()
-
-        def client() -> PrismClient:
-            if not hasattr(local, "client"):  # tritonclient's HTTP client is not thread-safe
-                local.client = PrismClient(f"localhost:{options.http_port}")
-            return local.client
-
-        def through_server(batch):  # a batch's requests sent together, as side_by_side.py sends them
-            with ThreadPoolExecutor(len(batch)) as pool:
-                list(pool.map(lambda r: client().decide(r["material"], r["tasks"]), batch))
-
-        run = {"server": through_server, "engine": engine.decide_many}
+        # a batch's requests sent together through the server, as side_by_side.py sends them
+        run = {"server": prism_batch_sender(options.http_port), "engine": engine.decide_many}
         for name, make in workloads.items():
             print(name, flush=True)
             times[name] = {"server": [], "engine": []}
             if name.startswith("a"):
-                before = (model_stats(options.http_port), prism_metric_sums(options.metrics_port, WAIT),
-                          prism_metric_sums(options.metrics_port, SCORING))
+                before = model_stats(options.http_port), prism_metric_sums(options.metrics_port)
             for round_ in range(args.repeats + 1):
                 order = ("server", "engine") if round_ % 2 == 0 else ("engine", "server")
                 for who in order:
@@ -100,13 +87,12 @@ def main() -> None:
                         times[name][who].append(time.perf_counter() - start)
             if name.startswith("a"):
                 after = model_stats(options.http_port)
+                wait, scoring = prism_metric_sums(options.metrics_port)
                 count = after["prism"][0] - before[0]["prism"][0]
                 for model in ("prism", *STEPS):
                     steps[model] = (after[model][1] - before[0][model][1]) / count
-                steps["prism_decision's scheduler: queue wait (gathering)"] = 1000 * (
-                    prism_metric_sums(options.metrics_port, WAIT) - before[1]) / count
-                steps["prism_decision's scheduler: scoring (a batch of one)"] = 1000 * (
-                    prism_metric_sums(options.metrics_port, SCORING) - before[2]) / count
+                steps["prism_decision's scheduler: queue wait (gathering)"] = 1000 * (wait - before[1][0]) / count
+                steps["prism_decision's scheduler: scoring (a batch of one)"] = 1000 * (scoring - before[1][1]) / count
     write_report(args, times, steps)
 
 

@@ -188,6 +188,23 @@ def throughput(send, concurrency: int, requests: list) -> float:
     return len(requests) / (time.perf_counter() - t0)
 
 
+def prism_batch_sender(http_port: int):
+    """send(batch): a batch's requests to Prism's server over HTTP (PrismClient), sent together, one
+    caller each, returning when all are answered."""
+    local = threading.local()
+
+    def client() -> PrismClient:
+        if not hasattr(local, "client"):  # tritonclient's HTTP client is not thread-safe
+            local.client = PrismClient(f"localhost:{http_port}")
+        return local.client
+
+    def send(batch: list[dict]) -> None:
+        with ThreadPoolExecutor(len(batch)) as pool:
+            list(pool.map(lambda r: client().decide(r["material"], r["tasks"]), batch))
+
+    return send
+
+
 def prism_startup_seconds(options: ServerOptions, caches: Path | None) -> float:
     """Seconds from launching tritonserver to every model ready. caches: empty folders for the
     calibration (GPTQ integers) and the kernel library, so the start computes and builds them
@@ -339,18 +356,7 @@ def main() -> None:
                                 metrics_port=free_port(), model_dir=args.model_dir, max_queue_wait_s=600,
                                 extra_parameters={"prefix_cache_bytes": "0", "num_threads": str(THREADS), **parameters})
         with TritonServer(options) as server:
-            url = f"localhost:{options.http_port}"
-            local = threading.local()
-
-            def client():
-                if not hasattr(local, "client"):  # tritonclient's HTTP client is not thread-safe
-                    local.client = PrismClient(url)
-                return local.client
-
-            def send_batch(batch):
-                with ThreadPoolExecutor(len(batch)) as pool:
-                    list(pool.map(lambda r: client().decide(r["material"], r["tasks"]), batch))
-
+            send_batch = prism_batch_sender(options.http_port)
             for w, bs in workloads.items():
                 if full or not w.startswith("c"):
                     times[w][label] = timed(send_batch, bs)

@@ -10,6 +10,7 @@ import torch
 from helpers import needs
 
 from kernels.cpu import tree_attention as cpu_attention
+from kernels.cpu.features import has_avx512
 from prism_backend.engine.forest_builder import build_forest
 from prism_backend.forest import EncodedRequest
 from prism_backend.model.attention import ForestAttention
@@ -117,7 +118,7 @@ def test_the_avx2_instance_gives_the_avx512_instances_bits():
     of the AVX-512 one, on every row of a forest and on answer rows alone."""
     forest, q, k, v = forest_qkv(seed=11)
     (key_rows, table), (answer_keys, answers) = cpu_attention_of(forest).cpu_tables
-    assert cpu_attention.has_avx512()
+    assert has_avx512()
     wide = cpu_attention.tree_attention(q, k, v, key_rows, table, wide=True)
     assert torch.equal(cpu_attention.tree_attention(q, k, v, key_rows, table, wide=False), wide)
     qa = q[forest.answer_rows]

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "accumulate.h"  // kernels/cpu/csrc: dpwssd, dpbusd
+#include "accumulate.h"  // kernels/cpu/csrc: dpwssd, dpbusd, PRISM_VNNI
 
 // One peak loop: NAME(iters) runs `iters` rounds of STEP on 12 accumulators of type VEC.
 #define PEAK_LOOP(NAME, ATTR, VEC, INIT, A, B, STEP, ADD, REG)                   \
@@ -32,7 +32,7 @@
     return first;                                                                \
   }
 
-#define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))  // accumulate.h's set: its steps inline
+#define AVX512 PRISM_VNNI  // accumulate.h's target set: its steps inline
 // Each step is written as asm: GCC 12 compiles the intrinsics of these accumulating instructions into
 // a copy of every accumulator per step (and computed vpmaddwd(a, b) once for all 12 chains), which
 // measured the compiler, not the instruction. The VNNI steps are the kernels' own (accumulate.h).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu.exact_gemm import _library, load
-from kernels.cpu.features import has_avx512, wide_lanes  # noqa: F401 (has_avx512: asked here)
+from kernels.cpu.features import wide_lanes
 
 HEAD_DIM = 64  # the kernel's head dimension (1 / sqrt(64) is a power of two: q's scaling is exact)
 

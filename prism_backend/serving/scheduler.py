@@ -120,10 +120,10 @@ class Scheduler:
         self._lanes = {True: deque(), False: deque()}  # urgent, bulk: Tickets in arrival order
         self._running: tuple[float, int] | None = None  # (start, requests) of the batch being scored
         # gathering (see the module docstring): requests the window waits for, learned from the last
-        # one; and that window, [first arrival, bulk requests within gather_s of it], while submit()
-        # may still count late ones into it
+        # one (bulk requests within gather_s of its first arrival), and that first arrival while
+        # submit() may still count late ones into it
         self._group = max_batch_size if gather_s > 0 else 1
-        self._window: list | None = None
+        self._window_start: float | None = None
         self._idle_since = -math.inf  # clock() when the last batch ended
         self._stopping = False
         self._cond = threading.Condition()
@@ -179,12 +179,11 @@ class Scheduler:
                     f"overloaded: a {lane} request now would wait about {answered_in:.1f} s for its answer "
                     f"({self._ahead(urgent)} queued ahead of it), more than the {self.bound_s:g} s bound allows "
                     f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry, urgent)
-            if not urgent and self._window is not None:
-                if now - self._window[0] <= self.gather_s:  # sent with the last window's, arrived late
-                    self._window[1] += 1
-                    self._group = self._window[1]
+            if not urgent and self._window_start is not None:
+                if now - self._window_start <= self.gather_s:  # sent with the last window's, arrived late
+                    self._group += 1
                 else:
-                    self._window = None
+                    self._window_start = None
             self._lanes[urgent].append(Ticket(item, urgent, now, rows, prefix))
             self._cond.notify()
             return None
@@ -280,8 +279,8 @@ class Scheduler:
         first = picked[0]
         if first.urgent or first.arrived < self._idle_since:
             return
-        together = sum(1 for t in self._lanes[False] if t.arrived - first.arrived <= self.gather_s)
-        self._group, self._window = together, [first.arrived, together]
+        self._group = sum(1 for t in self._lanes[False] if t.arrived - first.arrived <= self.gather_s)
+        self._window_start = first.arrived
 
     def _serve(self) -> None:
         while True:

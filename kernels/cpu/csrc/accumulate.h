@@ -7,7 +7,8 @@
 #pragma once
 #include <immintrin.h>
 
-#define PRISM_ACCUMULATE_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+// the target set of every AVX-512 VNNI function that calls these steps (they inline only into the same set)
+#define PRISM_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 // acc += x (vpaddd): the AVX2 int16 kernel's sum of a vpmaddwd's pair products
 static inline __m256i add_into(__m256i acc, __m256i x) {
@@ -16,13 +17,13 @@ static inline __m256i add_into(__m256i acc, __m256i x) {
 }
 
 // acc += a * b per int16 pair, both pairs of a 32-bit lane into it (vpdpwssd)
-PRISM_ACCUMULATE_VNNI static inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
+PRISM_VNNI static inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
   asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
   return acc;
 }
 
 // acc += u * s per byte quad, u unsigned and s signed, the four products of a lane into it (vpdpbusd)
-PRISM_ACCUMULATE_VNNI static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
+PRISM_VNNI static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
   return acc;
 }

@@ -33,7 +33,7 @@
 
 #include <vector>
 
-#include "accumulate.h"  // dpwssd, dpbusd, add_into: the accumulating instructions in place
+#include "accumulate.h"  // dpwssd, dpbusd, add_into: the accumulating instructions in place; PRISM_VNNI
 
 namespace {
 
@@ -204,8 +204,6 @@ inline void int16_products(const int16_t* x, int m, int kpairs, const int32_t* w
     by_row_block(m, row_block, groups, [&](int g, int r0, int r1) { compute(a, g, r0, r1); });
   }
 }
-
-#define PRISM_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 // ---- 16-bit x 16-bit on AVX-512 VNNI (the int16 kernel's integers, operands and runs) ----
 // vpdpwssd multiplies two int16 pairs per int32 lane and adds both products into it: 32 products per
