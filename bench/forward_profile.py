@@ -1,6 +1,9 @@
 """Where one forward's milliseconds go, on workloads (a) and (b), for each precision asked for.
 
-    .venv/bin/python bench/forward_profile.py [--precision int8 exact fp32] [--repeats 5]
+    .venv/bin/python bench/forward_profile.py [--precision int8 exact fp32 int8:float] [--repeats 5]
+
+A precision may name tree attention's arithmetic after a colon (EngineConfig.attention): `int8:float`
+is the int8 default with float32 attention instead of its integer form.
 
 Each step of the decoder (prism_backend/model/transformer.py) is wrapped with a wall-clock timer:
 every projection by name (its quantisation, integer product and epilogue included: the kernels fuse
@@ -78,14 +81,17 @@ def profile(pipeline: DecisionPipeline, requests, repeats: int) -> dict[str, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--precision", nargs="+", default=["int8", "exact", "fp32"])
+    parser.add_argument("--precision", nargs="+", default=["int8", "exact", "fp32"],
+                        help="precision[:attention] (EngineConfig.attention: integer, float)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(2)
     instrument_module()
     results = {}
     for precision in args.precision:
-        config = EngineConfig(model_dir=DEFAULT_MODEL_DIR, precision=precision, prefix_cache_bytes=0, num_threads=2)
+        name, _, attention = precision.partition(":")
+        config = EngineConfig(model_dir=DEFAULT_MODEL_DIR, precision=name, attention=attention or "auto",
+                              prefix_cache_bytes=0, num_threads=2)
         pipeline = DecisionPipeline(config, REGISTRY_PATH)
         instrument(pipeline)
         for workload, make in WORKLOADS.items():

@@ -12,7 +12,7 @@ channels, quantised per row): fp32 `F.linear` (MKL), the exact scheme's served 1
 model/exact_matmul.py chooses; and (c) Prism's tree attention (kernels/cpu) on the forest of
 workload (a) -- a 29-row system prompt, a 620-row ticket in 128-row blocks, three ~36-row questions
 below it -- in SmolLM2's heads (9 query, 3 key/value heads of 64), counting only the products of
-visible (query, key) pairs. Reports Gop/s (a multiply-add is 2 ops) and each one's share of its
+visible (query, key) pairs, in float32 and in its integer form. Reports Gop/s (a multiply-add is 2 ops) and each one's share of its
 instruction's peak. Writes bench/results/isa_peak.md.
 """
 from __future__ import annotations
@@ -124,6 +124,11 @@ def main() -> None:
         inputs, ops["attention"] = forest_a(gen)
         products["tree attention, fp32 (kernels/cpu)"] = (lambda: tree_attention.tree_attention(*inputs), fma,
                                                            "attention")
+        # the integer form (13-bit q, k, v and weights, exact int32 sums): vpdpwssd where the CPU has
+        # VNNI, else vpmaddwd + vpaddd
+        products["tree attention, integers (kernels/cpu)"] = (
+            lambda: tree_attention.tree_attention(*inputs, integer=True),
+            DPWSSD if DPWSSD in peaks else MADD, "attention")
     runs = {label: [] for label in products}
     for _ in range(args.repeats):  # interleaved, so drift hits all alike
         for label, (call, _, _) in products.items():

@@ -189,22 +189,25 @@ def main() -> None:
     parser.add_argument("--act-passes", type=int, default=None, help="exact variant (default: the engine's)")
     parser.add_argument("--weight-passes", type=int, default=None, help="exact variant (default: the engine's)")
     parser.add_argument("--smooth-alpha", type=float, default=None, help="exact variant (default: the engine's)")
+    parser.add_argument("--attention", choices=("integer", "float"), default=None,
+                        help="tree attention's arithmetic (default: the engine's)")
     parser.add_argument("--cache", type=Path, default=None, help="reuse fp32/bf16 results from this file")
     parser.add_argument("--no-bf16", action="store_true", help="leave out the Hugging Face bf16 reference")
     args = parser.parse_args()
     docs = load(args.limit)
     int8_config = {k: v for k, v in (("precision", args.precision), ("keep_exact", args.keep_exact),
                                      ("act_passes", args.act_passes), ("weight_passes", args.weight_passes),
-                                     ("smooth_alpha", args.smooth_alpha)) if v is not None}
+                                     ("smooth_alpha", args.smooth_alpha), ("attention", args.attention))
+                   if v is not None}
     per_set, timings, drift = evaluate(docs, args.model_dir, int8_config, args.cache, bf16=not args.no_bf16)
     defaults = EngineConfig(model_dir=args.model_dir, **int8_config)
     text = (f"# INT8 accuracy parity ({args.model_dir.name})\n\n"
             f"`.venv/bin/python evals/run_eval.py{'' if args.limit is None else f' --limit {args.limit}'}"
             f"{' --no-bf16' if args.no_bf16 else ''}` on {machine()}, {torch.get_num_threads()} threads, "
             f"{time.strftime('%Y-%m-%d')}; "
-            + (f"int8 = precision int8, keep_exact={defaults.keep_exact!r}\n\n" if defaults.precision == "int8" else
+            + (f"int8 = precision int8, keep_exact={defaults.keep_exact!r}" if defaults.precision == "int8" else
                f"int8 = precision exact, act_passes={defaults.act_passes}, weight_passes={defaults.weight_passes}, "
-               f"smooth_alpha={defaults.smooth_alpha}\n\n")
+               f"smooth_alpha={defaults.smooth_alpha}") + f", attention={defaults.attention!r}\n\n"
             + report(per_set, timings, len(docs), drift) + "\n")
     args.out.write_text(text)
     print(text)

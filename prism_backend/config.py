@@ -20,6 +20,9 @@ from typing import Any
 PRECISIONS = ("int8", "exact", "fp32")
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 KERNEL_BACKENDS = ("auto", "torch", "triton")
+# Prism's CPU tree attention in float32 or in integers with exact int32 sums
+# (kernels/cpu/tree_attention.py); "auto": integers under int8, float32 under exact and fp32
+ATTENTIONS = ("auto", "integer", "float")
 # config.pbtxt parameters Triton's Python backend reads itself, not the engine: EXECUTION_ENV_PATH
 # names the packed Python environment of an exported repository (prism_launcher/export.py).
 BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
@@ -41,6 +44,7 @@ class ComputeSettings:
     act_passes: int = 1  # the exact scheme's activation quantisation passes (model/quant.py)
     weight_passes: int = 1  # the exact scheme's weight quantisation passes
     kernels: str = "auto"  # see EngineConfig.kernels
+    attention: str = "auto"  # see EngineConfig.attention
     group: Any = None  # this rank's model.tp.TPGroup under tensor parallelism, else None
 
     def __post_init__(self):
@@ -52,12 +56,19 @@ class ComputeSettings:
             raise ConfigError(f"weight_passes must be 1 or 2, got {self.weight_passes}")
         if self.kernels not in KERNEL_BACKENDS:
             raise ConfigError(f"kernels must be one of {KERNEL_BACKENDS}, got {self.kernels!r}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
             import torch
 
             if not torch.cuda.is_available():
                 raise ConfigError("kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 set in the "
                                   "environment before start to run the kernels through Triton's interpreter")
+
+    @property
+    def integer_attention(self) -> bool:
+        """Whether Prism's CPU tree attention computes in integers (where it runs: kernels auto, CPU)."""
+        return self.attention == "integer" or (self.attention == "auto" and self.precision == "int8")
 
     def with_group(self, group) -> "ComputeSettings":
         """The same settings on one rank of a tensor-parallel group (None: unsplit)."""
@@ -96,6 +107,13 @@ class EngineConfig:
     # "torch" = torch's CPU attention (and the exact GEMMs); "triton" forces the Triton-lang kernels
     # (on CPU tensors it needs TRITON_INTERPRET=1 in the environment before start: how the tests run them).
     kernels: str = "auto"
+    # How Prism's CPU tree attention computes (with kernels auto, for CPU tensors and heads of 64):
+    # "integer" = q and k as 14-bit, v as 12-bit integers per row and head, the softmax weights as
+    # 15-bit ones, every dot product an exact int32 sum (vpdpwssd / vpmaddwd): ~1.4x faster than
+    # float32 on AVX-512 VNNI, ~5e-4 relative error per layer (kernels/cpu/tree_attention.py);
+    # "float" = float32 FMAs; "auto" = integer under int8 (the fast default), float under exact (the
+    # accuracy rung) and fp32 (the reference). Both give the same bits on every x86 CPU kind.
+    attention: str = "auto"
     # Prefix KV cache and chunked prefill (engine/prefix_cache.py, engine/forest_builder.py). System prompt and material are
     # cut into blocks of kv_block_tokens: the unit of the cache and of prefill chunks.
     kv_block_tokens: int = 128
@@ -169,7 +187,7 @@ class EngineConfig:
     @property
     def compute(self) -> ComputeSettings:
         """What the model computes with (without a TP group: the runner adds its rank's)."""
-        return ComputeSettings(self.precision, self.act_passes, self.weight_passes, self.kernels)
+        return ComputeSettings(self.precision, self.act_passes, self.weight_passes, self.kernels, self.attention)
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> "EngineConfig":

@@ -16,6 +16,12 @@ def test_config_from_triton_parameters(tmp_path):
                                        base_dir=tmp_path)
     assert cfg.model_dir == (tmp_path / "weights").resolve()
     assert cfg.max_candidates == 8 and cfg.weight_passes == 1
+    # tree attention's arithmetic: auto is integers under int8, float32 under exact and fp32
+    assert cfg.compute.integer_attention
+    assert not EngineConfig.from_parameters({"model_dir": "m", "precision": "exact"}).compute.integer_attention
+    assert not EngineConfig.from_parameters({"model_dir": "m", "precision": "fp32"}).compute.integer_attention
+    assert not EngineConfig.from_parameters({"model_dir": "m", "attention": "float"}).compute.integer_attention
+    assert EngineConfig.from_parameters({"model_dir": "m", "precision": "fp32", "attention": "integer"}).compute.integer_attention
 
 
 @pytest.mark.parametrize("params, message", [
@@ -23,6 +29,7 @@ def test_config_from_triton_parameters(tmp_path):
     ({"model_dir": "m", "max_candidates": "many"}, r"must be a number \(int\)"),
     ({"model_dir": "m", "smooth_alpha": "1.5"}, r"smooth_alpha must be in \[0, 1\)"),
     ({"model_dir": "m", "weight_passes": "3"}, "weight_passes must be 1 or 2"),
+    ({"model_dir": "m", "attention": "int4"}, "attention must be one of"),
     ({"model_dir": "m", "max_candidates": "1"}, "between 2 and 26"),
     ({"model_dir": "m", "colour": "red"}, "unknown parameter"),
     ({"model_dir": "${model_dir}"}, "unfilled template"),

@@ -1,6 +1,7 @@
-"""Prism's CPU tree attention (kernels/cpu/tree_attention.py): the float64 reference's values, the
-forest's semantics, and bits that depend on nothing but the segment's own rows and keys -- not the
-thread count, not the rest of the batch, not the CPU kind (a committed digest, recomputed here)."""
+"""Prism's CPU tree attention (kernels/cpu/tree_attention.py), in float32 and in its integer form: the
+float64 reference's values, the forest's semantics, and bits that depend on nothing but the segment's
+own rows and keys -- not the thread count, not the rest of the batch, not the CPU kind (committed
+digests, recomputed here)."""
 from __future__ import annotations
 
 import hashlib
@@ -52,10 +53,13 @@ def reference(forest, q, k, v) -> torch.Tensor:
     return out
 
 
-def cpu_attention_of(forest):
+def cpu_attention_of(forest, integer: bool = False):
     segments = forest.segments
     return ForestAttention(segments, list(range(len(segments))), [i for i, s in enumerate(segments) if s.is_branch],
-                           "auto", torch.device("cpu"), 64)
+                           "auto", torch.device("cpu"), 64, integer)
+
+
+FORMS = [pytest.param(False, id="float"), pytest.param(True, id="integer")]
 
 
 @pytest.mark.parametrize("hq, hkv", [(9, 3), (4, 4)])
@@ -69,61 +73,97 @@ def test_the_kernel_computes_tree_attention(hq, hkv):
     torch.testing.assert_close(rows, torch_path.rows(q, k, v), atol=2e-6, rtol=0)
 
 
-def test_answer_rows_are_the_same_rows_of_every_row():
-    """An answer row computed alone gives the bits it gets among all rows (rows are grouped by 4
-    inside a segment; the grouping changes no bit)."""
+@pytest.mark.parametrize("hq, hkv", [(9, 3), (4, 4)])
+def test_the_integer_form_is_within_its_quantisation_of_the_reference(hq, hkv):
+    """14-bit q and k, 12-bit v and 15-bit weights per row and head: every output within 1e-3 of
+    float64's (values up to 1; measured worst 3.0e-4, mean 3.1e-5), the mean within 1e-4. Rows of the
+    forest see up to ~300 keys, so the values' int32 sums are flushed (every 64 keys) several times."""
+    forest, q, k, v = forest_qkv(hq, hkv)
+    expected = reference(forest, q, k, v)
+    error = (cpu_attention_of(forest, integer=True).rows(q, k, v).double() - expected).abs()
+    assert error.max() <= 1e-3 and error.mean() <= 1e-4, (error.max(), error.mean())
+    assert max(s.key_rows.numel() for s in forest.segments) > 256
+
+
+def test_the_integer_form_keeps_a_large_score_range():
+    """Scores spread over [-80, 0] (one key far above the rest): the weights of the small scores
+    round to 0 against the largest, which the result then follows to within the quantisation."""
+    n = 300
+    q = torch.zeros(n, 1, 64)
+    q[:, 0, 0] = 8.0
+    k = torch.zeros(n, 1, 64)
+    k[:, 0, 0] = torch.linspace(-80, 0, n)
+    v = torch.randn(n, 1, 64, generator=torch.Generator().manual_seed(3))
+    table = cpu_attention.segment_table([(0, n, torch.arange(n), 0)])
+    got = cpu_attention.tree_attention(q, k, v, *table, integer=True).double()
+    scores = torch.tril(q[:, 0, :].double() @ k[:, 0, :].double().T / 8 + 0.0) \
+        .masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+    expected = scores.softmax(-1) @ v[:, 0, :].double()
+    assert (got[:, 0, :] - expected).abs().max() <= 1e-3 * v.abs().max()
+
+
+@pytest.mark.parametrize("integer", FORMS)
+def test_answer_rows_are_the_same_rows_of_every_row(integer):
+    """An answer row computed alone gives the bits it gets among all rows (rows are grouped by 8, 4,
+    2 and 1 inside a segment; the grouping changes no bit)."""
     forest, q, k, v = forest_qkv()
-    attention = cpu_attention_of(forest)
+    attention = cpu_attention_of(forest, integer)
     rows = attention.rows(q, k, v)
     assert torch.equal(attention.answers(q[forest.answer_rows], k, v), rows[forest.answer_rows])
 
 
-def test_a_segments_bits_depend_on_nothing_else():
+@pytest.mark.parametrize("integer", FORMS)
+def test_a_segments_bits_depend_on_nothing_else(integer):
     """The same segment alone, or with other requests packed around it, under 1-4 threads: the
     same bits."""
     forest, q, k, v = forest_qkv()
     with torch_threads(1):
-        full = cpu_attention_of(forest).rows(q, k, v)
+        full = cpu_attention_of(forest, integer).rows(q, k, v)
     for threads in (2, 3, 4):
         with torch_threads(threads):
-            assert torch.equal(cpu_attention_of(forest).rows(q, k, v), full), threads
+            assert torch.equal(cpu_attention_of(forest, integer).rows(q, k, v), full), threads
     alone = EncodedRequest((9,), tuple(range(60, 200)), ((5, 6, 7),), ((0, 1),))
     single = build_forest([alone], block_tokens=64)
     n = len(single.token_ids)
     first = next(i for i, s in enumerate(forest.segments) if s.start >= 0 and forest.token_ids[s.start] == 9)
     start = forest.segments[first].start
     rows = slice(start, start + n)
-    got = cpu_attention_of(single).rows(q[rows], k[rows], v[rows])
+    got = cpu_attention_of(single, integer).rows(q[rows], k[rows], v[rows])
     assert torch.equal(got, full[rows])
 
 
-# sha256 of the output bits of test_the_same_bits_on_every_cpu_kind's input, computed on an Intel Xeon
-# (AVX-512 VNNI + BF16 + AMX) on 2026-12-02; every x86-64 CPU with AVX2 + FMA must reproduce it.
-GOLDEN = "2287d2bd8decb980ba3eab155dff10db9a190fd89e14632d801ba099b669bbd5"
+# sha256 of the output bits of test_the_same_bits_on_every_cpu_kind's input: float32 computed on an
+# Intel Xeon (AVX-512 VNNI + BF16 + AMX) on 2026-12-02, the integer form on an AMD EPYC (AVX-512 VNNI
+# + BF16) on 2026-12-03; every x86-64 CPU with AVX2 + FMA must reproduce them.
+GOLDEN = {False: "2287d2bd8decb980ba3eab155dff10db9a190fd89e14632d801ba099b669bbd5",
+          True: "e272209880da7bcae51983a69f256d722133de636b121a0cb47a76fadc462045"}
 
 
-def test_the_same_bits_on_every_cpu_kind():
-    """Every step is an IEEE-defined operation per lane, in one order, with an exp of its own, and the
-    one sum across lanes has a fixed order: so an AVX2-only EPYC (the AVX2 instance) and an AVX-512
-    Xeon (the AVX-512 instance) compute the same bits. A committed digest of a fixed input's output
-    is recomputed on whatever machine runs this."""
+@pytest.mark.parametrize("integer", FORMS)
+def test_the_same_bits_on_every_cpu_kind(integer):
+    """Every float step is an IEEE-defined operation per lane, in one order, with an exp of its own,
+    the one float sum across lanes has a fixed order, and the integer form's dot products are exact
+    integer sums: so an AVX2-only EPYC (the AVX2 instance) and an AVX-512 Xeon (the AVX-512 instance)
+    compute the same bits. A committed digest of a fixed input's output is recomputed on whatever
+    machine runs this."""
     forest, q, k, v = forest_qkv(seed=7)
-    out = cpu_attention_of(forest).rows(q, k, v)
-    assert hashlib.sha256(out.numpy().tobytes()).hexdigest() == GOLDEN
+    out = cpu_attention_of(forest, integer).rows(q, k, v)
+    assert hashlib.sha256(out.numpy().tobytes()).hexdigest() == GOLDEN[integer]
 
 
 @needs("avx512_vnni")
-def test_the_avx2_instance_gives_the_avx512_instances_bits():
+@pytest.mark.parametrize("integer", FORMS)
+def test_the_avx2_instance_gives_the_avx512_instances_bits(integer):
     """On an AVX-512 CPU both instances run: the AVX2 one (what an AVX2-only CPU runs) gives the bits
     of the AVX-512 one, on every row of a forest and on answer rows alone."""
     forest, q, k, v = forest_qkv(seed=11)
     (key_rows, table), (answer_keys, answers) = cpu_attention_of(forest).cpu_tables
     assert has_avx512()
-    wide = cpu_attention.tree_attention(q, k, v, key_rows, table, wide=True)
-    assert torch.equal(cpu_attention.tree_attention(q, k, v, key_rows, table, wide=False), wide)
+    wide = cpu_attention.tree_attention(q, k, v, key_rows, table, wide=True, integer=integer)
+    assert torch.equal(cpu_attention.tree_attention(q, k, v, key_rows, table, wide=False, integer=integer), wide)
     qa = q[forest.answer_rows]
-    assert torch.equal(cpu_attention.tree_attention(qa, k, v, answer_keys, answers, wide=False),
-                       cpu_attention.tree_attention(qa, k, v, answer_keys, answers, wide=True))
+    assert torch.equal(cpu_attention.tree_attention(qa, k, v, answer_keys, answers, wide=False, integer=integer),
+                       cpu_attention.tree_attention(qa, k, v, answer_keys, answers, wide=True, integer=integer))
 
 
 def test_exp_is_accurate_to_a_few_ulp():

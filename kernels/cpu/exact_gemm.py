@@ -121,7 +121,7 @@ def load():
         lib.prism_amx_init.restype = ctypes.c_int
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
-        lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 2
+        lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 3
         lib.prism_rms_norm.restype = None
         lib.prism_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                        ctypes.c_void_p, ctypes.c_int]

@@ -1,5 +1,6 @@
 """Tree attention over a packed forest on x86 CPUs (csrc/tree_attention.cpp, built into the exact GEMMs'
-library): every segment's rows attend to their ancestors' rows and, causally, their own, in float32,
+library): every segment's rows attend to their ancestors' rows and, causally, their own, in float32
+or in integers (its products exact int32 sums, vpdpwssd / vpmaddwd: csrc/tree_attention_int.inc),
 with one operation order whatever the CPU kind (AVX2 or AVX-512), the thread count or the batch, so
 the same request gives the same bits on every x86-64 machine with AVX2 and FMA. Its torch reference
 is softmax(q kᵀ / 8 + mask) v in float64 (tests/test_tree_attention_cpu.py); prism_backend's
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu.exact_gemm import _library, load
-from kernels.cpu.features import wide_lanes
+from kernels.cpu.features import has_avx512_vnni, wide_lanes
 
 HEAD_DIM = 64  # the kernel's head dimension (1 / sqrt(64) is a power of two: q's scaling is exact)
 
@@ -34,11 +35,18 @@ def segment_table(segments: list[tuple[int, int, torch.Tensor, int]]) -> tuple[t
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_rows: torch.Tensor,
-                   table: torch.Tensor, wide: bool | None = None) -> torch.Tensor:
+                   table: torch.Tensor, wide: bool | None = None, integer: bool = False) -> torch.Tensor:
     """q: (n, Hq, 64) float32; k, v: (key rows, Hkv, 64) float32; key_rows, table: segment_table's ->
     (n, Hq, 64) float32; rows of q that no segment covers stay uninitialised. wide: the AVX-512
-    instance (default: where the CPU has it) or the AVX2 one -- the same bits (tests compare them)."""
+    instance (default: where the CPU has it, with VNNI for the integer form) or the AVX2 one -- the same
+    bits (tests compare them). integer: q and k as 14-bit, v as 12-bit integers per row and head and the
+    weights as 15-bit ones, every product summed exactly in int32 (csrc/tree_attention_int.inc),
+    instead of float32."""
+    if integer and wide is None:
+        wide = has_avx512_vnni()
     wide = wide_lanes(wide, "tree attention")
+    if integer and wide and not has_avx512_vnni():
+        raise RuntimeError("the 16-lane instance of integer tree attention needs a CPU with AVX-512 VNNI")
     if q.shape[-1] != HEAD_DIM or k.shape[-1] != HEAD_DIM or q.shape[1] % k.shape[1]:
         raise ValueError(f"tree attention takes heads of {HEAD_DIM} and query heads a multiple of the key heads, "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
@@ -46,5 +54,5 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_rows: 
     out = torch.empty_like(q)
     _library().prism_tree_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), key_rows.data_ptr(), table.data_ptr(),
                                     table.shape[0], q.shape[1], k.shape[1], k.shape[0], out.data_ptr(),
-                                    int(wide), torch.get_num_threads())
+                                    int(wide), torch.get_num_threads(), int(integer))
     return out

@@ -3,9 +3,10 @@
 Every token attends exactly to its ancestors: the rows of its parent segments and the earlier rows
 of its own segment. Three implementations with these semantics, each computing a segment on its
 own, so that its result depends only on its own tree, never on what else is packed in the batch:
-  - on CPU, Prism's kernel (kernels/cpu/tree_attention.py, `kernels` auto): float32 with one
-    operation order on every x86 CPU kind, thread count and batch (the same bits on an AVX2 EPYC
-    and an AVX-512 Xeon), for heads of 64 where the kernel library builds;
+  - on CPU, Prism's kernel (kernels/cpu/tree_attention.py, `kernels` auto): float32, or 13-bit
+    integers with exact int32 sums (EngineConfig.attention), with one operation order on every x86
+    CPU kind, thread count and batch (the same bits on an AVX2 EPYC and an AVX-512 Xeon), for heads
+    of 64 where the kernel library builds;
   - torch's CPU flash-attention kernel (`kernels` torch, other head sizes, no kernel library):
     thread-count and batch invariant, but its bits follow the CPU's vector width;
   - the Triton-lang kernel (kernels/triton/tree_attention.py, CUDA), which reads each shared prefix
@@ -92,8 +93,10 @@ class ForestAttention:
     is built once per forward, not once per layer."""
 
     def __init__(self, segments: list[Segment], computed: list[int], branches: list[int], kernels: str,
-                 device: torch.device, head_dim: int):
+                 device: torch.device, head_dim: int, integer: bool = False):
+        """integer: Prism's CPU kernel in its integer form (EngineConfig.attention), where it runs."""
         self.segments = segments
+        self.integer = integer
         self.computed = computed
         self.branches = branches
         self.first_row = segments[computed[0]].start
@@ -119,7 +122,7 @@ class ForestAttention:
     def rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (n, Hq, D) of the computed rows; k, v: (rows so far, Hkv, D) -> (n, Hq, D)."""
         if self.cpu_tables is not None:
-            return cpu_tree_attention.tree_attention(q, k, v, *self.cpu_tables[0])
+            return cpu_tree_attention.tree_attention(q, k, v, *self.cpu_tables[0], integer=self.integer)
         if self.kernel_layouts is not None:
             from kernels.triton.tree_attention import tree_attention as tree_attention_kernel
 
@@ -136,7 +139,7 @@ class ForestAttention:
     def answers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: (A, Hq, D) of the answer rows; k, v: (rows so far, Hkv, D) -> (A, Hq, D)."""
         if self.cpu_tables is not None:
-            return cpu_tree_attention.tree_attention(q, k, v, *self.cpu_tables[1])
+            return cpu_tree_attention.tree_attention(q, k, v, *self.cpu_tables[1], integer=self.integer)
         if self.kernel_layouts is not None:
             from kernels.triton.tree_attention import tree_attention as tree_attention_kernel
 

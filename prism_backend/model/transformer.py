@@ -60,6 +60,7 @@ class ForestTransformer:
         self.spec = spec
         self.w = weights
         self.kernels = settings.kernels
+        self.integer_attention = settings.integer_attention
         self.every_row = every_row
         last = -1 if every_row else len(weights.layers) - 1
         self.proj = [Projections(lw, spec, settings, i == last) for i, lw in enumerate(weights.layers)]
@@ -121,7 +122,8 @@ class ForestTransformer:
         b = segs[computed[-1]].start + segs[computed[-1]].length
         branches = [i for i in computed if segs[i].is_branch]
         answers = torch.tensor([segs[i].start + segs[i].length - 1 - a for i in branches], dtype=torch.long)
-        attention = ForestAttention(segs, computed, branches, self.kernels, self.w.embed.device, self.spec.head_dim)
+        attention = ForestAttention(segs, computed, branches, self.kernels, self.w.embed.device, self.spec.head_dim,
+                                    self.integer_attention)
         h = self.w.embed[forest.token_ids[a:b]]  # (b - a, H)
         cos, sin = self.rotary(forest.positions[a:b])
         kv = []

@@ -39,10 +39,46 @@ struct Item {
 
 
 #include "vec.h"
+#include "accumulate.h"
+
+// The integer form (tree_attention_int.inc). Bounds (every int32 sum exact):
+//   q, k: |x| <= QK_BOUND = 8191, the largest with 32 * bound^2 < 2^31 (a score is two 32-term sums);
+//   v: |x| <= V_BOUND = 2047 and the weights 0 <= P <= P_BOUND = 16384, summed over blocks of
+//   2 * FLUSH_PAIRS = 64 keys: 64 * 16384 * 2047 = 2,146,435,072 < 2^31.
+// Measured on (a)'s real q, k, v (int8 default, every layer): 5.5e-4 relative error against the
+// float kernel, from the scores' rounding and the weights' about equally (one 64-term sum with
+// |q|, |k| <= 5792: 6.8e-4; 13-bit q, k, v with weights up to 4096 over blocks of 128 keys: 1.4e-3,
+// most of it the weights').
+constexpr int QK_BOUND = 8191;
+constexpr int V_BOUND = 2047;
+constexpr float P_BOUND = 16384.0f;
+constexpr int FLUSH_PAIRS = 32;
+
+// one layer's keys and values in integers, once per call: kp (hkv, D/2, ldn) the keys' pairs along d,
+// transposed (key j in column j, zero columns after the last key); ks (hkv, ldn) their scales (0
+// after the last); v (n, hkv, D) the values' integers; vs (n, hkv) their scales
+struct Quantized {
+  const int32_t* kp;
+  const float* ks;
+  const int16_t* v;
+  const float* vs;
+  int hkv, ldn;
+};
 
 namespace avx2 {
 constexpr int ROWS = 4;  // query rows per group: 8 accumulators + 2 loads + broadcasts in 16 registers
 #include "tree_attention_body.inc"
+using IVec = __m256i;
+inline IVec iload(const int32_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+inline IVec iset1(int32_t x) { return _mm256_set1_epi32(x); }
+inline IVec izero() { return _mm256_setzero_si256(); }
+inline IVec dot(IVec acc, IVec a, IVec b) { return add_into(acc, _mm256_madd_epi16(a, b)); }
+inline Vec to_float(IVec a) { return _mm256_cvtepi32_ps(a); }
+inline void store_int16(int16_t* p, Vec x) {  // rounded half to even (MXCSR's default), then narrowed
+  const __m256i i = _mm256_cvtps_epi32(x);
+  _mm_storeu_si128((__m128i*)p, _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1)));
+}
+#include "tree_attention_int.inc"
 }  // namespace avx2
 
 #pragma GCC push_options
@@ -53,44 +89,91 @@ constexpr int ROWS = 8;  // 16 accumulators of AVX-512's 32 registers
 }  // namespace avx512
 #pragma GCC pop_options
 
+// the integer form's 16-lane instance: vpdpwssd needs AVX-512 VNNI
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512dq,avx512vl,avx512bw,avx512vnni")
+namespace avx512 {
+using IVec = __m512i;
+inline IVec iload(const int32_t* p) { return _mm512_loadu_si512(p); }
+inline IVec iset1(int32_t x) { return _mm512_set1_epi32(x); }
+inline IVec izero() { return _mm512_setzero_si512(); }
+inline IVec dot(IVec acc, IVec a, IVec b) { return dpwssd(acc, a, b); }
+inline Vec to_float(IVec a) { return _mm512_cvtepi32_ps(a); }
+inline void store_int16(int16_t* p, Vec x) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(x))); }
+#include "tree_attention_int.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+
 }  // namespace
 
 extern "C" {
 
 // q, out: (rows, hq, 64) float32; k, v: (n key rows, hkv, 64) float32; key_rows: every segment's key
 // rows concatenated (int32); segments: (count, 5) int32 rows (q_start, q_len, key_offset, keys,
-// prefix); wide: run the AVX-512 instance (only where the CPU has AVX-512 F/DQ/VL/BW), else the
-// AVX2 one -- the same bits. Threads take (segment, head) items; the result does not depend on which.
+// prefix); wide: run the AVX-512 instance (only where the CPU has AVX-512 F/DQ/VL/BW, and VNNI for the
+// integer form), else the AVX2 one -- the same bits; integer: the integer form (tree_attention_int.inc)
+// instead of float32. Threads take (segment, head) items; the result does not depend on which.
 void prism_tree_attention(const float* q, const float* k, const float* v, const int32_t* key_rows,
                           const int32_t* segments, int count, int hq, int hkv, int n, float* out, int wide,
-                          int threads) {
+                          int threads, int integer) {
   std::vector<Item> items;
   int max_keys = 0;
   for (int i = 0; i < count; ++i) {
     const int32_t* sg = segments + 5L * i;
-    for (int h = 0; h < hq; ++h) items.push_back({sg[0], sg[1], sg[2], sg[3], sg[4], h});
+    // float: (segment, query head) items; integer: (segment, key head), the group's query heads in one
+    // item, which quantises the values' pairs once for them
+    for (int h = 0; h < (integer ? hkv : hq); ++h) items.push_back({sg[0], sg[1], sg[2], sg[3], sg[4], h});
     max_keys = sg[3] > max_keys ? sg[3] : max_keys;
   }
-  // every key row transposed once per call: (hkv, D, ldn), zero columns after the last key (the
-  // scores of a segment's last key vectors beyond its keys are computed and never read)
+  // every key row transposed once per call: (hkv, D, ldn) floats or (hkv, D/2, ldn) integer pairs,
+  // zero columns after the last key (the scores of a segment's last key vectors beyond its keys are
+  // computed and never read)
   const int ldn = (n + PAD - 1) / PAD * PAD + PAD, ld_scratch = (max_keys + PAD - 1) / PAD * PAD;
-  std::vector<float> kt_all((size_t)hkv * D * ldn);
+  std::vector<float> kt_all(integer ? 0 : (size_t)hkv * D * ldn), ks_all(integer ? (size_t)hkv * ldn : 0),
+      vs_all(integer ? (size_t)n * hkv : 0);
+  std::vector<int32_t> kp_all(integer ? (size_t)hkv * (D / 2) * ldn : 0);
+  std::vector<int16_t> v_all(integer ? (size_t)n * hkv * D : 0);
+  const Quantized kv{kp_all.data(), ks_all.data(), v_all.data(), vs_all.data(), hkv, ldn};
+  constexpr int MOST_ROWS = avx2::ROWS > avx512::ROWS ? avx2::ROWS : avx512::ROWS;
 #pragma omp parallel num_threads(threads)
   {
+    if (integer) {
+#pragma omp for schedule(static)
+      for (int j = 0; j < ldn; ++j)
+        for (int h = 0; h < hkv; ++h) {  // the AVX2 instance's quantiser on every CPU: the same integers
+          alignas(64) int32_t pairs[D / 2] = {};
+          const bool key = j < n;
+          const float scale = key ? avx2::quantize_ints(k + ((long)j * hkv + h) * D, (int16_t*)pairs, QK_BOUND) : 0.0f;
+          for (int t = 0; t < D / 2; ++t) kp_all[((size_t)h * (D / 2) + t) * ldn + j] = pairs[t];
+          ks_all[(size_t)h * ldn + j] = scale;
+          if (key)
+            vs_all[(size_t)j * hkv + h] =
+                avx2::quantize_ints(v + ((long)j * hkv + h) * D, v_all.data() + ((size_t)j * hkv + h) * D, V_BOUND);
+        }
+    } else {
 #pragma omp for schedule(static) collapse(2)  // (head, d) rows: 3 heads alone split 2:1 over 2 threads
-    for (int h = 0; h < hkv; ++h)
-      for (int d = 0; d < D; ++d) {
-        float* dst = kt_all.data() + ((size_t)h * D + d) * ldn;
-        for (int j = 0; j < n; ++j) dst[j] = k[((long)j * hkv + h) * D + d];
-        for (int j = n; j < ldn; ++j) dst[j] = 0.0f;
-      }
-    std::vector<float> kt((size_t)D * ld_scratch), vb((size_t)ld_scratch * D),
-        s((size_t)(avx2::ROWS > avx512::ROWS ? avx2::ROWS : avx512::ROWS) * ld_scratch);
+      for (int h = 0; h < hkv; ++h)
+        for (int d = 0; d < D; ++d) {
+          float* dst = kt_all.data() + ((size_t)h * D + d) * ldn;
+          for (int j = 0; j < n; ++j) dst[j] = k[((long)j * hkv + h) * D + d];
+          for (int j = n; j < ldn; ++j) dst[j] = 0.0f;
+        }
+    }
+    std::vector<float> kt(integer ? 0 : (size_t)D * ld_scratch), vb(integer ? 0 : (size_t)ld_scratch * D),
+        s((size_t)MOST_ROWS * ld_scratch), ks(integer ? ld_scratch : 0), vs(integer ? ld_scratch : 0);
+    std::vector<int32_t> kp(integer ? (size_t)(D / 2) * ld_scratch : 0), vp(integer ? (size_t)ld_scratch / 2 * D : 0);
+    std::vector<int16_t> wp(integer ? (size_t)MOST_ROWS * ld_scratch : 0);
     // dynamic: items differ in size (later trunk blocks see more keys); an item is computed by one
     // thread from start to end, so which thread takes it changes no bit
 #pragma omp for schedule(dynamic, 1)
     for (long i = 0; i < (long)items.size(); ++i) {
-      if (wide)
+      if (integer && wide)
+        avx512::attend_int(q, kv, key_rows, items[i], hq, out, kp.data(), ks.data(), vp.data(), vs.data(), s.data(),
+                           wp.data(), ld_scratch);
+      else if (integer)
+        avx2::attend_int(q, kv, key_rows, items[i], hq, out, kp.data(), ks.data(), vp.data(), vs.data(), s.data(),
+                         wp.data(), ld_scratch);
+      else if (wide)
         avx512::attend(q, v, kt_all.data(), ldn, key_rows, items[i], hq, hkv, out, kt.data(), vb.data(), s.data(),
                        ld_scratch);
       else
