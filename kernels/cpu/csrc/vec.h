@@ -27,6 +27,14 @@
   return mul(p, pow2(n));
 
 
+// The largest of x[0..count) (count >= 1): whole vectors, the last one's lanes past count as -inf.
+// max is order-free, so any width gives the same value.
+#define PRISM_ROW_MAX_BODY                                                                   \
+  Vec vmax = set1(-INFINITY);                                                              \
+  for (int j = 0; j < count; j += W)                                                       \
+    vmax = max(vmax, j + W <= count ? load(x + j) : first_or(load(x + j), count - j, -INFINITY)); \
+  return max_of(vmax);
+
 namespace avx2 {
 using Vec = __m256;
 constexpr int W = 8;
@@ -53,6 +61,16 @@ inline Vec keep_first(Vec p, int count) {  // lanes >= count set to 0
   return _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes)));
 }
 inline __m256 add_in_order(__m256 sum, Vec p) { return _mm256_add_ps(sum, p); }
+inline Vec first_or(Vec p, int count, float fill) {  // lanes >= count set to fill
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_blendv_ps(_mm256_set1_ps(fill), p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes)));
+}
+inline float max_of(Vec v) {  // the largest lane (max is order-free)
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+inline float row_max(const float* x, int count) { PRISM_ROW_MAX_BODY }
 }  // namespace avx2
 
 #pragma GCC push_options
@@ -86,5 +104,11 @@ inline __m256 add_in_order(__m256 sum, Vec p) {  // keys j..j+7, then j+8..j+15:
   sum = _mm256_add_ps(sum, _mm512_castps512_ps256(p));
   return _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
 }
+inline Vec first_or(Vec p, int count, float fill) {
+  const __mmask16 keep = count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count > 0 ? count : 0)) - 1);
+  return _mm512_mask_mov_ps(_mm512_set1_ps(fill), keep, p);
+}
+inline float max_of(Vec v) { return _mm512_reduce_max_ps(v); }
+inline float row_max(const float* x, int count) { PRISM_ROW_MAX_BODY }
 }  // namespace avx512
 #pragma GCC pop_options
