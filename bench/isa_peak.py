@@ -12,7 +12,8 @@ channels, quantised per row): fp32 `F.linear` (MKL), the exact scheme's served 1
 model/exact_matmul.py chooses; and (c) Prism's tree attention (kernels/cpu) on the forest of
 workload (a) -- a 29-row system prompt, a 620-row ticket in 128-row blocks, three ~36-row questions
 below it -- in SmolLM2's heads (9 query, 3 key/value heads of 64), counting only the products of
-visible (query, key) pairs, in float32 and in its integer form. Reports Gop/s (a multiply-add is 2 ops) and each one's share of its
+visible (query, key) pairs, in float32 and in its integer form, against torch's CPU flash-attention
+kernel on the same segments. Reports Gop/s (a multiply-add is 2 ops) and each one's share of its
 instruction's peak. Writes bench/results/isa_peak.md.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from workloads import write_result  # noqa: E402
 from kernels.cpu import tree_attention  # noqa: E402
 from kernels.cpu.features import has_avx512, has_avx512_vnni, machine  # noqa: E402
 from prism_backend.config import ComputeSettings  # noqa: E402
+from prism_backend.model.attention import _expand_groups, _sdpa, visibility_mask  # noqa: E402
 from prism_backend.model.quant import Int8Linear  # noqa: E402
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "isa_peak.cpp"
@@ -74,8 +76,9 @@ def peak_gops(fn, ops_per_round: int, threads: int, rounds: int = 20_000_000) ->
 
 
 def forest_a(gen: torch.Generator):
-    """Tree attention's inputs for workload (a)'s forest (random values of a decoder's scale) and the
-    ops of its visible (query, key) pairs: q·k and p·v, 2 x 64 multiply-adds each, per query head."""
+    """Tree attention's inputs for workload (a)'s forest (random values of a decoder's scale), the
+    ops of its visible (query, key) pairs (q·k and p·v, 2 x 64 multiply-adds each, per query head),
+    and its segments as (first row, rows, key rows, keys before its own)."""
     heads, kv_heads, d = 9, 3, 64
     rows = sum(q_len for q_len, _ in FOREST_A)
     q, k, v = (torch.randn(rows, h, d, generator=gen) for h in (heads, kv_heads, kv_heads))
@@ -89,7 +92,18 @@ def forest_a(gen: torch.Generator):
         ops += 2 * 2 * d * heads * sum(prefix + r + 1 for r in range(q_len))
         start += q_len
     key_rows, table = tree_attention.segment_table(segments)
-    return (q, k, v, key_rows, table), ops
+    return (q, k, v, key_rows, table), ops, segments
+
+
+def torch_forest_attention(q, k, v, segments) -> torch.Tensor:
+    """The same forest through torch's CPU flash-attention kernel, segment by segment, as
+    model/attention.py runs it with `kernels` torch (GQA groups expanded once per layer)."""
+    k, v = _expand_groups(k, v, q.shape[1])
+    out = torch.empty_like(q)
+    for start, rows, keys, prefix in segments:
+        mask = visibility_mask(rows, keys.numel(), prefix) if rows > 1 and prefix > 0 else None
+        out[start:start + rows] = _sdpa(q[start:start + rows], k[keys], v[keys], prefix, causal=True, mask=mask)
+    return out
 
 
 def main() -> None:
@@ -121,7 +135,9 @@ def main() -> None:
              else ROUTE_INSTRUCTION.get(routes["eight"]), "projections"),
     }
     if tree_attention.available(64):
-        inputs, ops["attention"] = forest_a(gen)
+        inputs, ops["attention"], segments = forest_a(gen)
+        products["tree attention, torch's flash-attention kernel (kernels torch)"] = (
+            lambda: torch_forest_attention(*inputs[:3], segments), fma, "attention")
         products["tree attention, fp32 (kernels/cpu)"] = (lambda: tree_attention.tree_attention(*inputs), fma,
                                                            "attention")
         # the integer form (13-bit q, k, v and weights, exact int32 sums): vpdpwssd where the CPU has
