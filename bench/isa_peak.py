@@ -140,7 +140,7 @@ def main() -> None:
             lambda: torch_forest_attention(*inputs[:3], segments), fma, "attention")
         products["tree attention, fp32 (kernels/cpu)"] = (lambda: tree_attention.tree_attention(*inputs), fma,
                                                            "attention")
-        # the integer form (13-bit q, k, v and weights, exact int32 sums): vpdpwssd where the CPU has
+        # the integer form (14-bit q, k, 12-bit v, 15-bit weights, exact int32 sums): vpdpwssd where the CPU has
         # VNNI, else vpmaddwd + vpaddd
         products["tree attention, integers (kernels/cpu)"] = (
             lambda: tree_attention.tree_attention(*inputs, integer=True),

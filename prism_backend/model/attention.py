@@ -3,10 +3,10 @@
 Every token attends exactly to its ancestors: the rows of its parent segments and the earlier rows
 of its own segment. Three implementations with these semantics, each computing a segment on its
 own, so that its result depends only on its own tree, never on what else is packed in the batch:
-  - on CPU, Prism's kernel (kernels/cpu/tree_attention.py, `kernels` auto): float32, or 13-bit
-    integers with exact int32 sums (EngineConfig.attention), with one operation order on every x86
-    CPU kind, thread count and batch (the same bits on an AVX2 EPYC and an AVX-512 Xeon), for heads
-    of 64 where the kernel library builds;
+  - on CPU, Prism's kernel (kernels/cpu/tree_attention.py, `kernels` auto): float32, or integers
+    (14-bit q, k; 12-bit v) with exact int32 sums (EngineConfig.attention), with one operation
+    order on every x86 CPU kind, thread count and batch (the same bits on an AVX2 EPYC and an
+    AVX-512 Xeon), for heads of 64 where the kernel library builds;
   - torch's CPU flash-attention kernel (`kernels` torch, other head sizes, no kernel library):
     thread-count and batch invariant, but its bits follow the CPU's vector width;
   - the Triton-lang kernel (kernels/triton/tree_attention.py, CUDA), which reads each shared prefix

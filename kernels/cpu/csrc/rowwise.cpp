@@ -17,12 +17,6 @@ namespace {
 #include "vec.h"
 using namespace avx2;
 
-inline float fixed_tree(__m256 sum) {  // ((0+4)+(2+6))+((1+5)+(3+7)), as the attention kernel's sum
-  alignas(32) float part[8];
-  _mm256_store_ps(part, sum);
-  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-}
-
 // In-place Walsh-Hadamard transform of each row of x (m, k) in blocks of `block` (a power of two,
 // dividing k): x -> x H_block per block, unnormalised. Butterfly stages from the widest stride
 // (block / 2) to 1, each pair (a, b) -> (a + b, a - b): the operations, in the order, of

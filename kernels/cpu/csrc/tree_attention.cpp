@@ -41,6 +41,14 @@ struct Item {
 #include "vec.h"
 #include "accumulate.h"
 
+// whether a segment's key rows are one ascending run (a tree's first segment and its trunk blocks):
+// then both forms read its keys straight from the layer's transposed ones instead of gathering them
+inline bool one_run(const int32_t* rows, int count) {
+  for (int j = 1; j < count; ++j)
+    if (rows[j] != rows[0] + j) return false;
+  return true;
+}
+
 // The integer form (tree_attention_int.inc). Bounds (every int32 sum exact):
 //   q, k: |x| <= QK_BOUND = 8191, the largest with 32 * bound^2 < 2^31 (a score is two 32-term sums);
 //   v: |x| <= V_BOUND = 2047 and the weights 0 <= P <= P_BOUND = 16384, summed over blocks of

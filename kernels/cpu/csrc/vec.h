@@ -35,6 +35,14 @@
     vmax = max(vmax, j + W <= count ? load(x + j) : first_or(load(x + j), count - j, -INFINITY)); \
   return max_of(vmax);
 
+// Eight partial sums added in one fixed tree, ((0+4)+(2+6))+((1+5)+(3+7)): how the row-wise passes and
+// both attention forms finish their sums (element j went into partial sum j mod 8, in order).
+inline float fixed_tree(__m256 sum) {
+  alignas(32) float part[8];
+  _mm256_store_ps(part, sum);
+  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+}
+
 namespace avx2 {
 using Vec = __m256;
 constexpr int W = 8;
