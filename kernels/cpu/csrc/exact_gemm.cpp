@@ -81,6 +81,34 @@ inline void store_row(const double* c, int row, int col, int ncols, const Epilog
   }
 }
 
+#define PRISM_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
+
+// store_row for 16 int32 sums in AVX-512 registers (the first `valid` of them, columns col..): the
+// same IEEE operations per element -- (float)((sum * x_scale[row]) * w_scale[c]) (+ bias[c]) -- 16
+// columns at a time instead of 4, without the trip through memory.
+PRISM_AVX512 inline void store16(const __m512d sums[2], int row, int col, int valid, const Epilogue& e) {
+  const __mmask16 mask = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
+  const __mmask8 masks[2] = {(__mmask8)(mask & 0xFF), (__mmask8)(mask >> 8)};
+  const long base = (long)row * e.n + col;
+  for (int h = 0; h < 2; ++h) {
+    if (!e.x_scale) {
+      _mm512_mask_storeu_pd(static_cast<double*>(e.out) + base + 8 * h, masks[h], sums[h]);
+      continue;
+    }
+    const __m512d ws = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(masks[h], e.w_scale + col + 8 * h));
+    __m256 v = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(sums[h], _mm512_set1_pd((double)e.x_scale[row])), ws));
+    if (e.bias) v = _mm256_add_ps(v, _mm256_maskz_loadu_ps(masks[h], e.bias + col + 8 * h));
+    if (e.residual) v = _mm256_add_ps(_mm256_maskz_loadu_ps(masks[h], e.residual + base + 8 * h), v);
+    _mm256_mask_storeu_ps(static_cast<float*>(e.out) + base + 8 * h, masks[h], v);
+  }
+}
+
+PRISM_AVX512 inline void store16(__m512i sum, int row, int col, int valid, const Epilogue& e) {
+  const __m512d sums[2] = {_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)),
+                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1))};
+  store16(sums, row, col, valid, e);
+}
+
 // The operands of one product: X's rows and, for every tile of MR rows, where its int32 runs end.
 struct Operand {
   const int16_t* x;      // (m, 2 * kpairs)
@@ -245,7 +273,11 @@ PRISM_VNNI inline void tile16(const Operand& a, const int16_t* panel, long panel
         _mm512_store_pd(dst + 8, _mm512_add_pd(_mm512_load_pd(dst + 8), hi));
       }
   }
-  for (int r = 0; r < R; ++r) store_row(c[r], row + r, col, ncols, e);
+  for (int r = 0; r < R; ++r)  // store16: store_row's operations, 16 lanes at a time
+    for (int j = 0; j < P * NR && j < ncols; j += 16) {
+      const __m512d sums[2] = {_mm512_load_pd(c[r] + j), _mm512_load_pd(c[r] + j + 8)};
+      store16(sums, row + r, col + j, ncols - j, e);
+    }
 }
 
 // Rows r0..r1-1 of one panel group: whole tiles, then the last tile's rows (fewer than MR16).
@@ -285,15 +317,10 @@ PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_
       acc[r][1] = dpbusd(acc[r][1], a, b1);
     }
   }
-  alignas(64) double c[NR8];
-  for (int r = 0; r < R; ++r) {
-    for (int h = 0; h < 2; ++h) {
-      const __m512i sum = _mm512_sub_epi32(acc[r][h], _mm512_loadu_si512(corr + col + 16 * h));
-      _mm512_store_pd(c + 16 * h, _mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)));
-      _mm512_store_pd(c + 16 * h + 8, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1)));
-    }
-    store_row(c, row + r, col, ncols, e);
-  }
+  for (int r = 0; r < R; ++r)  // straight from the registers (store16: store_row's operations, 16 lanes)
+    for (int h = 0; h < 2 && 16 * h < ncols; ++h)
+      store16(_mm512_sub_epi32(acc[r][h], _mm512_loadu_si512(corr + col + 16 * h)), row + r, col + 16 * h,
+              ncols - 16 * h, e);
 }
 
 template <int R>
@@ -336,7 +363,6 @@ inline float row_scale(const float* row, int k, int bound) {
 // half to even, clamped, narrowed (exact: |q| <= bound fits the narrower type, q + 128 in [1, 255]).
 // Returns where it stopped; quantize_rows goes on from there in 8 lanes, so both widths give the same
 // integers.
-#define PRISM_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
 PRISM_AVX512 inline void store16_lanes(int16_t* out, __m512i i32) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(i32));
 }
@@ -561,32 +587,6 @@ struct TileConfig {  // every kernel here uses tiles 0-7 at their full 16 rows x
   uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
-
-// store_row for 16 int32 sums in AVX-512 registers (the first `valid` of them, columns col..): the
-// same IEEE operations per element -- (float)((sum * x_scale[row]) * w_scale[c]) (+ bias[c]) -- 16
-// columns at a time instead of 4, without the trip through memory.
-PRISM_AMX inline void store16(const __m512d sums[2], int row, int col, int valid, const Epilogue& e) {
-  const __mmask16 mask = valid >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
-  const __mmask8 masks[2] = {(__mmask8)(mask & 0xFF), (__mmask8)(mask >> 8)};
-  const long base = (long)row * e.n + col;
-  for (int h = 0; h < 2; ++h) {
-    if (!e.x_scale) {
-      _mm512_mask_storeu_pd(static_cast<double*>(e.out) + base + 8 * h, masks[h], sums[h]);
-      continue;
-    }
-    const __m512d ws = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(masks[h], e.w_scale + col + 8 * h));
-    __m256 v = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(sums[h], _mm512_set1_pd((double)e.x_scale[row])), ws));
-    if (e.bias) v = _mm256_add_ps(v, _mm256_maskz_loadu_ps(masks[h], e.bias + col + 8 * h));
-    if (e.residual) v = _mm256_add_ps(_mm256_maskz_loadu_ps(masks[h], e.residual + base + 8 * h), v);
-    _mm256_mask_storeu_ps(static_cast<float*>(e.out) + base + 8 * h, masks[h], v);
-  }
-}
-
-PRISM_AMX inline void store16(__m512i sum, int row, int col, int valid, const Epilogue& e) {
-  const __m512d sums[2] = {_mm512_cvtepi32_pd(_mm512_castsi512_si256(sum)),
-                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sum, 1))};
-  store16(sums, row, col, valid, e);
-}
 
 // Rows row..row+16*RT-1 x the 32 columns of one panel, K in steps of 64: tiles 0-3 accumulate
 // (C[rt][ct] = tile 2 rt + ct), 4-5 hold A, 6-7 hold B.
