@@ -7,7 +7,9 @@ is the int8 default with float32 attention instead of its integer form.
 
 Each step of the decoder (prism_backend/model/transformer.py) is wrapped with a wall-clock timer:
 every projection by name (its quantisation, integer product and epilogue included: the kernels fuse
-them), attention, RMSNorm, rotary embedding, SwiGLU (with the online Hadamard before down_proj), the K/V
+them; so is the row pass in front of it, which its quantiser runs in the same pass where the kernel
+library has the fused form: RMSNorm for qkv and gate_up, SwiGLU with the online Hadamard for down),
+attention, the rotary embedding, the RMSNorms left (the last layer's and the final one), the K/V
 concatenation; "forest, scoring, rest" is the time of `decide_many` outside the decoder's steps
 (tokenising, the forest, the embedding lookup, the residual adds, candidate scoring, Python). The
 steps run synchronously on the CPU, so their times add up to the forward's. 2 threads, prefix cache
@@ -31,8 +33,8 @@ from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH
 from prism_backend.serving.pipeline import DecisionPipeline
 
 PROJECTIONS = ("qkv", "q", "kv", "o", "gate_up", "down")
-# module-level functions of transformer.py (swiglu includes the online Hadamard)
-STEPS = ("rms_norm", "apply_rotary", "swiglu", "_extend")
+# module-level functions of transformer.py (RMSNorm and SwiGLU run inside the projections after them)
+STEPS = ("rms_norm", "apply_rotary", "_extend")
 totals: dict[str, float] = defaultdict(float)  # step -> seconds in the current run
 
 

@@ -1,15 +1,19 @@
 """The decoder's row-wise passes in the kernel library (kernels/cpu/rowwise.py): RMSNorm and SwiGLU (with
 down_proj's online Hadamard fused) against float64, the rotary embedding against torch's operations, and bits that depend on nothing but the row: not
-the other rows, not the thread count, not the CPU kind (committed digests, recomputed here)."""
+the other rows, not the thread count, not the CPU kind (committed digests, recomputed here); RMSNorm and
+SwiGLU run in the next projection's quantiser pass (kernels/cpu/prologues.py) giving the integers of the
+two passes one after the other, and a projection given them the bits of its input computed first."""
 from __future__ import annotations
 
 import hashlib
 
 import pytest
 import torch
-from helpers import needs
+from helpers import needs, skip_unless_route_available
 
-from kernels.cpu import rowwise
+from kernels.cpu import exact_gemm, rowwise
+from kernels.cpu.features import has_avx512
+from kernels.cpu.prologues import RmsNorm, SwiGLU
 from prism_backend.model import hadamard, layers
 from prism_backend.reproducibility import torch_threads
 
@@ -83,6 +87,10 @@ def test_rotary_is_torchs_operations_to_the_bit(heads, d):
     with torch_threads(1):
         assert torch.equal(layers.apply_rotary(x, cos, sin), out)  # the model's entry point takes it
     assert torch.equal(rowwise.rotary(x[5:6], cos[5:6, 0], sin[5:6, 0]), out[5:6])
+    # read in place from a view whose rows lie apart: the queries or keys inside qkv's output
+    qkv = torch.cat([torch.randn(37, 7), x.reshape(37, -1), torch.randn(37, 11)], dim=1)
+    view = qkv[:, 7 : 7 + heads * d].view(37, heads, d)
+    assert not view.is_contiguous() and torch.equal(rowwise.rotary(view, cos[:, 0], sin[:, 0]), out)
 
 
 def test_a_rows_bits_depend_on_nothing_else():
@@ -112,3 +120,74 @@ def test_the_same_bits_on_every_cpu_kind():
     gate_up = integer_valued((33, 3072), 9, 1 / 32)
     assert digest(rowwise.rms_norm(x, w, 1e-5)) == GOLDEN_RMS_NORM
     assert digest(rowwise.swiglu(gate_up, 128)) == GOLDEN_SWIGLU
+
+
+# ---- RMSNorm and SwiGLU in the next projection's quantiser pass (kernels/cpu/prologues.py) ----
+
+def quantized(x, k, bound, dtype, prologue=None, wide=None):
+    """exact_gemm's row quantiser on x (or on that row pass over x, in the same pass): (operand, scales)."""
+    width = -(-k // 4) * 4 if dtype == torch.uint8 else -(-k // 2) * 2
+    return exact_gemm._quantize_rows(x, k, bound, width, dtype, wide=wide, prologue=prologue)
+
+
+def wide_and_narrow():
+    return (False, True) if has_avx512() else (False,)
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
+@pytest.mark.parametrize("h", [576, 577, 5, 960])
+def test_rms_norm_in_the_quantisers_pass_gives_the_two_passes_integers(h, dtype, bound):
+    """RMSNorm computed into a buffer of the thread's and quantised from there: the integers and scales
+    of rms_norm's float32 output quantised afterwards, at every thread count and vector width."""
+    x, w = integer_valued((41, h), h + 2, 1 / 64), integer_valued((h,), h + 3, 1 / 256)
+    x[3] = 0.0  # an all-zero row: scale 1, integers 0
+    expected = quantized(rowwise.rms_norm(x, w, 1e-5), h, bound, dtype)
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            for wide in wide_and_narrow():
+                got = quantized(x, h, bound, dtype, RmsNorm(w, 1e-5), wide)
+                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
+@pytest.mark.parametrize("i, block", [(1536, 128), (1536, 0), (13, 0), (24, 8)])
+def test_swiglu_in_the_quantisers_pass_gives_the_two_passes_integers(i, block, dtype, bound):
+    """SwiGLU (+ down_proj's online Hadamard) likewise: the integers of swiglu's output, quantised after."""
+    gate_up = integer_valued((37, 2 * i), i + 4, 1 / 64)
+    expected = quantized(rowwise.swiglu(gate_up, block), i, bound, dtype)
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            for wide in wide_and_narrow():
+                got = quantized(gate_up, i, bound, dtype, SwiGLU(block), wide)
+                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_a_prologue_of_the_wrong_shape_is_refused():
+    x = torch.ones(3, 10)
+    with pytest.raises(ValueError, match="RMSNorm"):
+        quantized(x, 10, 127, torch.int16, RmsNorm(torch.ones(9), 1e-5))
+    with pytest.raises(ValueError, match="SwiGLU"):
+        quantized(x, 10, 127, torch.int16, SwiGLU(0))  # gate_up must be 2 * 10 wide
+    with pytest.raises(ValueError, match="Hadamard"):
+        quantized(torch.ones(3, 20), 10, 127, torch.int16, SwiGLU(4))  # 4 does not divide 10
+
+
+@pytest.mark.parametrize("route, passes", [("int16", 2), ("vnni16", 2), ("vnni8", 1), ("int_mm", 2), ("float", 2)])
+def test_a_projection_given_a_prologue_gives_the_bits_of_its_input_computed_first(route, passes):
+    """What the decoder runs (transformer.py gives qkv and gate_up their RMSNorm, down its SwiGLU): the
+    projection's output bits equal those of the row pass run first, for every exact route -- fused
+    into the quantiser (int16, vnni16, vnni8), before the digits' quantiser (int_mm), or as torch's
+    own pass (float) -- and a Paley-block Hadamard (torch's) still runs, before the kernel."""
+    from prism_backend.model.exact_matmul import ExactWeight, int_bound
+
+    skip_unless_route_available(route)
+    gen = torch.Generator().manual_seed(passes)
+    bound = int_bound(passes)
+    h, i, m = 64, 96, 23
+    x, w = integer_valued((m, h), 11, 1 / 64), integer_valued((h,), 12, 1 / 256)
+    gate_up = integer_valued((m, 2 * i), 13, 1 / 64)
+    for k, rows, prologue in ((h, x, RmsNorm(w, 1e-6)), (i, gate_up, SwiGLU(32)), (i, gate_up, SwiGLU(12))):
+        weight = ExactWeight(torch.randint(-bound, bound + 1, (k, 40), generator=gen).float(), passes, passes, route)
+        w_scale, bias, residual = torch.rand(40, generator=gen), torch.randn(40, generator=gen), torch.randn(m, 40)
+        expected = weight.linear(layers.apply_prologue(prologue, rows), w_scale, bias, residual)
+        assert torch.equal(weight.linear(rows, w_scale, bias, residual, prologue), expected), (route, prologue)

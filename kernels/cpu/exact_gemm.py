@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni, wide_lanes  # noqa: F401 (callers ask here too)
+from kernels.cpu.prologues import RmsNorm, SwiGLU
 
 CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
@@ -129,8 +130,18 @@ def load():
         lib.prism_swiglu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.prism_hadamard_rows.restype = None
         lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        for kind in ("i16", "u8"):  # the row passes with the next projection's quantiser in the same pass
+            rms = getattr(lib, f"prism_rms_norm_quantize_{kind}")
+            rms.restype = None
+            rms.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_int,
+                            ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+            glu = getattr(lib, f"prism_swiglu_quantize_{kind}")
+            glu.restype = None
+            glu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                                    ctypes.c_int, ctypes.c_int]
         lib.prism_rotary.restype = None
-        lib.prism_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int]
+        lib.prism_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 3 + [
+            ctypes.c_int]
         _lib = lib
     return _lib
 
@@ -162,20 +173,49 @@ def fits(x_bound: int, w_bound: int) -> bool:
     return max(x_bound, w_bound) < 2**15 and 2 * x_bound * w_bound <= INT32_MAX
 
 
-def _quantize_rows(function, x: torch.Tensor, k: int, x_bound: int, width: int, dtype: torch.dtype,
-                   row_multiple: int = 1, pad: int = 0, wide: bool | None = None):
-    """One of the library's row quantisers on x (M, K) -> (its operand (M, width) of `dtype`, the
-    row scales (M, 1) float32). With row_multiple > 1 the operand is a view of the first M rows of a
-    buffer whose further rows, up to a multiple of row_multiple, hold `pad` (the AMX kernel's tiles).
-    wide: 16 lanes at a time (AVX-512; the default where the CPU has it) or 8 -- the same integers."""
+def _quantize_rows(x: torch.Tensor, k: int, x_bound: int, width: int, dtype: torch.dtype, row_multiple: int = 1,
+                   pad: int = 0, wide: bool | None = None, prologue: RmsNorm | SwiGLU | None = None):
+    """The library's row quantiser on x (M, K) -> (its operand (M, width) of `dtype`, int16 or uint8
+    holding q + 128, the row scales (M, 1) float32). With row_multiple > 1 the operand is a view of
+    the first M rows of a buffer whose further rows, up to a multiple of row_multiple, hold `pad` (the
+    AMX kernel's tiles). wide: 16 lanes at a time (AVX-512; the default where the CPU has it) or 8 --
+    the same integers. prologue: quantise the rows of that pass over x instead (x (M, H) for RmsNorm,
+    (M, 2 K) for SwiGLU), computed in the quantiser's pass (prologues.py)."""
     wide = wide_lanes(wide, "the row quantiser")
     x = x.float().contiguous()
-    m = x.shape[0]
+    m, kind, lib = x.shape[0], "u8" if dtype == torch.uint8 else "i16", _library()
     q = torch.empty(-(-m // row_multiple) * row_multiple, width, dtype=dtype)
     q[m:] = pad
     scale = torch.empty(m, 1, dtype=torch.float32)
-    function(x.data_ptr(), m, k, x_bound, q.data_ptr(), width, scale.data_ptr(), int(wide), torch.get_num_threads())
+    tail = (q.data_ptr(), width, scale.data_ptr(), int(wide), torch.get_num_threads())
+    if prologue is None:
+        quantize = lib.prism_quantize_rows_u8 if kind == "u8" else lib.prism_quantize_rows
+        quantize(x.data_ptr(), m, k, x_bound, *tail)
+    elif isinstance(prologue, RmsNorm):
+        weight = prologue.weight.float().contiguous()
+        if x.shape[1] != k or weight.shape != (k,):
+            raise ValueError(f"RMSNorm in front of a {k}-wide quantiser needs x (M, {k}) and weight ({k},), got "
+                             f"{tuple(x.shape)} and {tuple(weight.shape)}")
+        getattr(lib, f"prism_rms_norm_quantize_{kind}")(x.data_ptr(), m, k, weight.data_ptr(), prologue.eps, x_bound,
+                                                        *tail)
+    else:
+        block = prologue.hadamard_block
+        if x.shape[1] != 2 * k or block < 0 or (block and (block & (block - 1) or k % block)):
+            raise ValueError(f"SwiGLU in front of a {k}-wide quantiser needs gate_up (M, {2 * k}) and a Hadamard "
+                             f"block that is 0 or a power of two dividing {k}, got {tuple(x.shape)}, block {block}")
+        getattr(lib, f"prism_swiglu_quantize_{kind}")(x.data_ptr(), m, k, block, x_bound, *tail)
     return q[:m], scale
+
+
+def _prologue_applied(x: torch.Tensor, prologue: RmsNorm | SwiGLU | None) -> torch.Tensor:
+    """x after the row pass, as its own float32 tensor (kernels whose quantiser has no fused form)."""
+    from kernels.cpu import rowwise  # rowwise imports this module
+
+    if prologue is None:
+        return x
+    if isinstance(prologue, RmsNorm):
+        return rowwise.rms_norm(x, prologue.weight, prologue.eps)
+    return rowwise.swiglu(x, prologue.hadamard_block)
 
 
 class _Epilogue:
@@ -223,10 +263,12 @@ class PackedWeight:
         panels = self.packed.shape[0]
         return self.packed.permute(1, 3, 0, 2).reshape(2 * self.kpairs, panels * PANEL)[: self.k, : self.n]
 
-    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, x_bound: int,
+                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> its per-row integers as the kernel's int16 operand (M, 2 * kpairs)
-        and the row scales (M, 1) float32: quant.py's symmetric rounding in one pass, same bits."""
-        return _quantize_rows(_library().prism_quantize_rows, x, self.k, x_bound, 2 * self.kpairs, torch.int16)
+        and the row scales (M, 1) float32: quant.py's symmetric rounding in one pass, same bits.
+        prologue: the integers of that row pass over x, in the same pass (_quantize_rows)."""
+        return _quantize_rows(x, self.k, x_bound, 2 * self.kpairs, torch.int16, prologue=prologue)
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -310,13 +352,15 @@ class PackedWeight8:
         panels = self.packed.shape[0]
         return self.packed.permute(1, 3, 0, 2).reshape(4 * self.kquads, panels * VNNI_PANEL)[: self.k, : self.n]
 
-    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, x_bound: int,
+                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> its per-row integers + 128 as the kernel's uint8 operand (M, 4 * kquads)
-        and the row scales (M, 1) float32: quant.py's symmetric rounding, same integers and scales."""
+        and the row scales (M, 1) float32: quant.py's symmetric rounding, same integers and scales.
+        prologue: the integers of that row pass over x, in the same pass (_quantize_rows)."""
         if x_bound > 127:
             raise ValueError(f"the 8-bit kernel takes integers up to 127, not {x_bound}")
-        return _quantize_rows(_library().prism_quantize_rows_u8, x, self.k, x_bound, 4 * self.kquads, torch.uint8,
-                              AMX_ROWS if self.amx else 1, VNNI_ZERO_POINT)
+        return _quantize_rows(x, self.k, x_bound, 4 * self.kquads, torch.uint8, AMX_ROWS if self.amx else 1,
+                              VNNI_ZERO_POINT, prologue=prologue)
 
     @staticmethod
     def _padded_rows(xu: torch.Tensor) -> torch.Tensor:
@@ -386,10 +430,12 @@ class DigitWeight:
         self.k, self.n = self.w_digits[0].shape
         self.act_passes = act_passes
 
-    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, x_bound: int,
+                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> the digits of its per-row integers, stacked (P * M, K) int8 (digit i
-        in rows i*M..), and the row scales (M, 1) float32: quant.py's quantisation and int8_passes."""
-        x = x.float().contiguous()
+        in rows i*M..), and the row scales (M, 1) float32: quant.py's quantisation and int8_passes.
+        prologue: the digits of that row pass over x (run first, as its own pass)."""
+        x = _prologue_applied(x, prologue).float().contiguous()
         m = x.shape[0]
         digits = torch.empty(self.act_passes * m, self.k, dtype=torch.int8)
         scale = torch.empty(m, 1, dtype=torch.float32)
@@ -444,10 +490,12 @@ class AmxDigitWeight:
         """(P, rows up to a multiple of 16, 4 * kquads) int8 zeros: the kernel's activation operand."""
         return torch.zeros(self.act_passes, -(-m // AMX_ROWS) * AMX_ROWS, 4 * self.kquads, dtype=torch.int8)
 
-    def quantize(self, x: torch.Tensor, x_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, x_bound: int,
+                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> the digits of its per-row integers, (P, M, 4 * kquads) int8 (a view of
-        the kernel's padded buffer), and the row scales (M, 1) float32: quant.py's quantisation."""
-        x = x.float().contiguous()
+        the kernel's padded buffer), and the row scales (M, 1) float32: quant.py's quantisation.
+        prologue: the digits of that row pass over x (run first, as its own pass)."""
+        x = _prologue_applied(x, prologue).float().contiguous()
         m = x.shape[0]
         q, scale = self._buffer(m), torch.empty(m, 1, dtype=torch.float32)
         _library().prism_quantize_rows_digits(x.data_ptr(), m, self.k, x_bound, self.act_passes, q.data_ptr(),

@@ -60,14 +60,16 @@ def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (N, heads, D) float32, cos and sin (N, D): the rotate-half rotary embedding of each row with
     its own angles, bit-identical to prism_backend.model.layers.apply_rotary's torch operations (the
-    same products, differences and sums, one pass instead of five). A new tensor."""
-    x = x.contiguous()
+    same products, differences and sums, one pass instead of five). x may be a view whose rows lie
+    apart (the queries or keys inside the qkv projection's output): read in place. A new tensor."""
+    if not (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.stride(0) >= x.shape[1] * x.shape[2]):
+        x = x.contiguous()  # heads of each row adjacent, rows anywhere apart: what the kernel reads
     n, heads, d = x.shape
-    if d % 2 or cos.shape != (n, d) or sin.shape != (n, d):
-        raise ValueError(f"rotary needs x (N, heads, even D) and cos, sin (N, D), got {tuple(x.shape)}, "
-                         f"{tuple(cos.shape)}, {tuple(sin.shape)}")
+    if d % 2 or cos.shape != (n, d) or sin.shape != (n, d) or x.dtype != torch.float32:
+        raise ValueError(f"rotary needs float32 x (N, heads, even D) and cos, sin (N, D), got {x.dtype} "
+                         f"{tuple(x.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    out = torch.empty_like(x)
-    _library().prism_rotary(x.data_ptr(), n, heads, d, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
-                            torch.get_num_threads())
+    out = torch.empty(n, heads, d, dtype=torch.float32)
+    _library().prism_rotary(x.data_ptr(), n, heads, d, x.stride(0) if n > 1 else heads * d, cos.data_ptr(),
+                            sin.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return out

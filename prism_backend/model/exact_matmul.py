@@ -67,6 +67,9 @@ from typing import Callable
 import torch
 
 from kernels.cpu import exact_gemm
+from kernels.cpu.prologues import RmsNorm, SwiGLU
+
+from .layers import apply_prologue, library_runs_prologue
 
 EXACT_FP32_K = 1040  # 1040 * 127 * 127 = 16,774,160 < 2^24 = 16,777,216
 PASS_BASE = exact_gemm.DIGIT_BASE  # base-128 digits: X = sum_i 128^(P-1-i) x_i, |x_0| <= 127, |x_i| <= 64
@@ -276,15 +279,19 @@ class ExactWeight:
         return self.digits
 
     def linear(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, prologue: RmsNorm | SwiGLU | None = None) -> torch.Tensor:
         """The served projection on one rank: x (M, K) float32 quantised per row to |X| <= x_bound,
         X @ W exactly, dequantised ((X @ W) * x_scale) * w_scale, rounded once, + bias (N,) (+ residual
         (M, N), last) -> (M, N) float32. A kernel with fused quantisation and epilogue does it in one
-        library call (the same operations); route() times exactly this."""
+        library call (the same operations); route() times exactly this. prologue: x is the input of
+        that row pass (RMSNorm, SwiGLU), which the kernel's quantiser runs in its own pass."""
+        if self.fused is not None and not library_runs_prologue(prologue):
+            x, prologue = apply_prologue(prologue, x), None
         if self.fused is not None:
-            x_kernel, x_scale = self.fused.quantize(x, self.x_bound)  # (M, K padded) int16 / uint8, (M, 1)
+            # (M, K padded) int16 / uint8, (M, 1)
+            x_kernel, x_scale = self.fused.quantize(x, self.x_bound, prologue=prologue)
             return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual)
-        x_int, x_scale = quantize_rows(x, self.x_bound)  # (M, K), (M, 1)
+        x_int, x_scale = quantize_rows(apply_prologue(prologue, x), self.x_bound)  # (M, K), (M, 1)
         out = dequantize(self.matmul(x_int), x_scale, w_scale, bias)
         return out if residual is None else out.add_(residual)
 

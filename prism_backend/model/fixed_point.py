@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from .layers import apply_prologue
+
 FLOAT64_INTEGER_BITS = 53  # float64 holds every integer below 2^53 exactly
 
 
@@ -54,8 +56,10 @@ class FixedPointLinear:
         self.weight, self.bias = weight, bias
         self.bits = operand_bits(weight.shape[1])
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x (N, in) float32 -> (N, out) float32 (+ residual (N, out) last, where given)."""
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue=None) -> torch.Tensor:
+        """x (N, in) float32 -> (N, out) float32 (+ residual (N, out) last, where given); prologue: x is
+        that row pass's input (quant.Prologue, applied first)."""
+        x = apply_prologue(prologue, x)
         w_int, w_exponent = to_fixed(self.weight, self.bits)  # (out, in), (out, 1)
         x_int, x_exponent = to_fixed(x, self.bits)  # (N, in), (N, 1)
         acc = x_int @ w_int.T  # (N, out): exact integers, whatever the BLAS does

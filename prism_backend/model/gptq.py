@@ -31,6 +31,7 @@ import torch
 
 from ..config import ComputeSettings
 from .fixed_point import FLOAT64_INTEGER_BITS, to_fixed
+from .layers import apply_prologue
 from .quant import make_linear
 
 BLOCK = 128  # columns per lazy-update block (the reference implementation's)
@@ -103,7 +104,8 @@ class _Recorder:
     def __init__(self, inner, width: int):
         self.inner, self.hessian = inner, Hessian(width)
 
-    def __call__(self, x, residual=None):
+    def __call__(self, x, residual=None, prologue=None):
+        x = apply_prologue(prologue, x)
         self.hessian.add(x)
         return self.inner(x, residual)
 
@@ -150,7 +152,8 @@ class _ErrorRecorder:
         self.sum = torch.zeros(integers[0].shape[0], dtype=torch.int64)
         self.rows = 0
 
-    def __call__(self, x, residual=None):
+    def __call__(self, x, residual=None, prologue=None):
+        x = apply_prologue(prologue, x)
         y = self.inner(x)  # (N, out) float32
         error = y.double() - self.quantized(x).double()  # element-wise: the same bits on every CPU
         self.sum += torch.round(error * 2.0**CORRECTION_BITS).to(torch.int64).sum(dim=0)

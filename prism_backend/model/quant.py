@@ -24,10 +24,15 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.prologues import RmsNorm, SwiGLU
+
 from .exact_matmul import (PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, quantize_rows, round_to_grid,
                            symmetric_scale)
 
 from ..config import ComputeSettings
+from .layers import apply_prologue
+
+Prologue = RmsNorm | SwiGLU | None  # a row pass in front of a projection (kernels/cpu/prologues.py)
 
 
 class Fp32Linear:
@@ -35,8 +40,10 @@ class Fp32Linear:
         """group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel)."""
         self.weight, self.bias, self.group = weight, bias, group  # (out, in), (out,)
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x (M, in) -> x W^T + b (M, out), + residual (M, out) last where given (the decoder's skip)."""
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue: Prologue = None) -> torch.Tensor:
+        """x (M, in) -> x W^T + b (M, out), + residual (M, out) last where given (the decoder's skip);
+        prologue: x is that row pass's input (applied first, layers.apply_prologue)."""
+        x = apply_prologue(prologue, x)
         if self.group is None:
             out = F.linear(x, self.weight, self.bias)
         else:
@@ -85,17 +92,21 @@ class Int8Linear:
         """x: (M, in) float32 -> integers X (M, in) as float32, scales (M, 1)."""
         return quantize_rows(x, self.act_bound, None if self.group is None else self.group.all_reduce_max)
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue: Prologue = None) -> torch.Tensor:
         """x (M, in) float32 -> the dequantised exact product (M, out), + residual (M, out) last where
         given: the decoder's skip connection, fused into the CPU kernels' epilogue (one float32
-        addition either way, so the same bits as adding it after)."""
+        addition either way, so the same bits as adding it after). prologue: x is the input of that
+        row pass (RMSNorm, SwiGLU), run by the CPU kernels' quantiser in its own pass (no float32
+        copy of its output; the same bits), else first, as its own pass."""
+        if self.group is not None or use_triton(self.kernels, x):
+            x = apply_prologue(prologue, x)
         if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised
             x_int, x_scale = self.quantize_activations(x)  # (M, in), (M, 1) with the all-reduced maxima
             out = dequantize(self.group.all_reduce_sum(self.w.matmul(x_int)), x_scale, self.w_scale, self.bias)
         elif use_triton(self.kernels, x):
             out = self._triton(*self.quantize_activations(x))
         else:
-            return self.w.linear(x, self.w_scale, self.bias, residual)  # (M, out) float32
+            return self.w.linear(x, self.w_scale, self.bias, residual, prologue)  # (M, out) float32
         return out if residual is None else out.add_(residual)
 
     def _triton(self, x_int: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:

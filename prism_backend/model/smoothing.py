@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .layers import apply_prologue
 from .loader import ModelWeights
 from .spec import ModelSpec
 
@@ -29,7 +30,8 @@ class _AbsMax:
         self.inner = inner
         self.amax = None
 
-    def __call__(self, x, residual=None):
+    def __call__(self, x, residual=None, prologue=None):
+        x = apply_prologue(prologue, x)
         m = x.abs().amax(dim=0)
         self.amax = m if self.amax is None else torch.maximum(self.amax, m)
         return self.inner(x, residual)

@@ -15,7 +15,9 @@ import torch
 from ..config import ComputeSettings
 from ..forest import Forest
 from .attention import ForestAttention
-from .layers import RotaryTable, apply_rotary, rms_norm, swiglu
+from kernels.cpu.prologues import RmsNorm, SwiGLU
+
+from .layers import RotaryTable, apply_rotary, rms_norm
 from .loader import LayerWeights, ModelWeights
 from .spec import ModelSpec
 from .quant import make_linear
@@ -73,16 +75,16 @@ class ForestTransformer:
         return x if weight is None else rms_norm(x, weight, self.spec.rms_norm_eps)
 
     def _mlp_block(self, h: torch.Tensor, lw: LayerWeights, p: Projections) -> torch.Tensor:
-        n = rms_norm(h, lw.post_norm, self.spec.rms_norm_eps)
-        # (n, I); in a rotated model times down_proj's online Hadamard (rotation.online_down), same pass
-        mlp = swiglu(p.gate_up(n), self.w.down_block or 0)
-        return p.down(mlp, residual=h)  # h + down(mlp), the addition in the projection's epilogue
+        """h + down(swiglu(gate_up(rms_norm(h)))): each row pass given to the projection after it, whose
+        kernel runs it in its quantiser's pass (kernels/cpu/prologues.py); the residual in down's epilogue."""
+        gate_up = p.gate_up(h, prologue=RmsNorm(lw.post_norm, self.spec.rms_norm_eps))  # (n, 2 I)
+        # swiglu (n, I); in a rotated model times down_proj's online Hadamard (rotation.online_down)
+        return p.down(gate_up, residual=h, prologue=SwiGLU(self.w.down_block or 0))
 
     def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
         """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""
         s = self.spec
-        x = rms_norm(h, lw.input_norm, s.rms_norm_eps)
-        qkv = p.qkv(x)  # (n, q_dim + 2 kv_dim)
+        qkv = p.qkv(h, prologue=RmsNorm(lw.input_norm, s.rms_norm_eps))  # (n, q_dim + 2 kv_dim) of rms_norm(h)
         q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
         q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)

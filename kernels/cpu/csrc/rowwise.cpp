@@ -7,13 +7,21 @@
 //                        block, the Hadamard butterfly below on the row (down_proj's input) in the same pass
 //   prism_hadamard_rows  the block-diagonal Walsh-Hadamard transform of model/hadamard.transform
 //   prism_rotary         the rotate-half rotary embedding, (x1 cos - x2 sin, x2 cos + x1 sin) per head
+//   prism_rms_norm_quantize_{i16,u8}, prism_swiglu_quantize_{i16,u8}
+//                        RMSNorm, or SwiGLU (+ Hadamard), and then the next projection's row quantiser
+//                        (quantize.h) in one pass over each row: the row is computed into a buffer of
+//                        the thread's and quantised from there, never written out as float32 -- the
+//                        same steps, so the same integers and scales as the two passes one after the other
 // The library is built with -ffp-contract=off: every multiply and add rounds as written.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include <vector>
+
 namespace {
+#include "quantize.h"
 #include "vec.h"
 using namespace avx2;
 
@@ -76,6 +84,57 @@ inline int silu_up(const float* gate, const float* up, float* dst, int j, int i)
 }  // namespace avx512
 #pragma GCC pop_options
 
+// One row of RMSNorm: dst = (row * (1 / sqrt(sum(row^2) / h + eps))) * w, the sum of squares in
+// eight partial sums (element j into sum j mod 8, in order) added in a fixed tree.
+inline void rms_norm_row(const float* row, int h, const float* w, float eps, float* dst) {
+  __m256 sum = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= h; j += 8) {
+    const __m256 v = _mm256_loadu_ps(row + j);
+    sum = _mm256_add_ps(sum, _mm256_mul_ps(v, v));
+  }
+  alignas(32) float tail[8] = {};
+  for (int t = 0; j + t < h; ++t) tail[t] = row[j + t] * row[j + t];
+  if (j < h) sum = _mm256_add_ps(sum, _mm256_load_ps(tail));  // the rest in their lanes; +0 elsewhere
+  const float inverse = 1.0f / sqrtf(fixed_tree(sum) / (float)h + eps);
+  const __m256 vi = _mm256_set1_ps(inverse);
+  for (j = 0; j + 8 <= h; j += 8)
+    _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), vi), _mm256_loadu_ps(w + j)));
+  for (; j < h; ++j) dst[j] = (row[j] * inverse) * w[j];
+}
+
+// One row of SwiGLU: dst (i,) = silu(gate) * up from the row's gate (i,) and up (the next i), 16 lanes at a
+// time where wide (AVX-512; the caller checks), then 8, then the tail in a zero-padded vector -- the same
+// steps per element either way; then the Hadamard butterfly in blocks of `block` where block > 0.
+inline void swiglu_row(const float* gate, int i, int block, float* dst, int wide) {
+  const float* up = gate + i;
+  int j = wide ? avx512::silu_up(gate, up, dst, 0, i) : 0;
+  j = silu_up(gate, up, dst, j, i);
+  if (j < i) {  // the tail through the same vector steps, in lanes of a zero-padded vector
+    alignas(32) float g8[8] = {}, u8[8] = {}, o8[8];
+    for (int t = 0; j + t < i; ++t) g8[t] = gate[j + t], u8[t] = up[j + t];
+    silu_up(g8, u8, o8, 0, 8);
+    for (int t = 0; j + t < i; ++t) dst[j + t] = o8[t];
+  }
+  if (block > 0) hadamard_row(dst, i, block);
+}
+
+// Rows 0..m of a row pass, each quantised for the next projection straight from a buffer of its thread's:
+// pass(r, buffer) writes row r's k floats, quantize_row turns them into q[r] (ldq wide) and scale[r].
+template <typename T, class RowPass>
+void quantize_after(int m, int k, int bound, T* q, int ldq, float* scale, int wide, int threads, RowPass pass) {
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> storage(k + 16);  // the buffer on a 64-byte line: vector loads split no cache line
+    float* buffer = storage.data() + ((64 - (reinterpret_cast<uintptr_t>(storage.data()) & 63)) & 63) / sizeof(float);
+#pragma omp for schedule(static)
+    for (int r = 0; r < m; ++r) {
+      pass(r, buffer);
+      scale[r] = quantize_row(buffer, k, bound, q + (long)r * ldq, ldq, wide);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -88,53 +147,48 @@ void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
 // x, out: (m, h) float32; w: (h,). See the top of the file.
 void prism_rms_norm(const float* x, int m, int h, const float* w, float eps, float* out, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int r = 0; r < m; ++r) {
-    const float* row = x + (int64_t)r * h;
-    float* dst = out + (int64_t)r * h;
-    __m256 sum = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= h; j += 8) {
-      const __m256 v = _mm256_loadu_ps(row + j);
-      sum = _mm256_add_ps(sum, _mm256_mul_ps(v, v));
-    }
-    alignas(32) float tail[8] = {};
-    for (int t = 0; j + t < h; ++t) tail[t] = row[j + t] * row[j + t];
-    if (j < h) sum = _mm256_add_ps(sum, _mm256_load_ps(tail));  // the rest in their lanes; +0 elsewhere
-    const float inverse = 1.0f / sqrtf(fixed_tree(sum) / (float)h + eps);
-    const __m256 vi = _mm256_set1_ps(inverse);
-    for (j = 0; j + 8 <= h; j += 8)
-      _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), vi), _mm256_loadu_ps(w + j)));
-    for (; j < h; ++j) dst[j] = (row[j] * inverse) * w[j];
-  }
+  for (int r = 0; r < m; ++r) rms_norm_row(x + (int64_t)r * h, h, w, eps, out + (int64_t)r * h);
 }
 
 // gate_up: (m, 2 i) float32, gate first; out: (m, i) = silu(gate) * up, then the Hadamard butterfly
 // in blocks of `block` on each row where block > 0 (a power of two dividing i). wide: 16 lanes at a
-// time where the CPU has AVX-512 (the caller checks), then 8, then the tail in a zero-padded vector --
-// the same steps per element either way.
+// time where the CPU has AVX-512 (the caller checks) -- the same steps per element either way.
 void prism_swiglu(const float* gate_up, int m, int i, int block, float* out, int wide, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int r = 0; r < m; ++r) {
-    const float* gate = gate_up + (int64_t)r * 2 * i;
-    const float* up = gate + i;
-    float* dst = out + (int64_t)r * i;
-    int j = wide ? avx512::silu_up(gate, up, dst, 0, i) : 0;
-    j = silu_up(gate, up, dst, j, i);
-    if (j < i) {  // the tail through the same vector steps, in lanes of a zero-padded vector
-      alignas(32) float g8[8] = {}, u8[8] = {}, o8[8];
-      for (int t = 0; j + t < i; ++t) g8[t] = gate[j + t], u8[t] = up[j + t];
-      silu_up(g8, u8, o8, 0, 8);
-      for (int t = 0; j + t < i; ++t) dst[j + t] = o8[t];
-    }
-    if (block > 0) hadamard_row(dst, i, block);
-  }
+  for (int r = 0; r < m; ++r) swiglu_row(gate_up + (int64_t)r * 2 * i, i, block, out + (int64_t)r * i, wide);
 }
 
-// x, out: (m, heads, d) float32; cos, sin: (m, d), row r's angles. Per head, with x = (x1, x2) halves:
+// prism_rms_norm's rows quantised for the next projection in the same pass: q (m, ldq) int16, or uint8
+// holding q + 128, and scale (m,) as prism_quantize_rows(_u8) would give for prism_rms_norm's output.
+void prism_rms_norm_quantize_i16(const float* x, int m, int h, const float* w, float eps, int bound, int16_t* q,
+                                 int ldq, float* scale, int wide, int threads) {
+  quantize_after(m, h, bound, q, ldq, scale, wide, threads,
+                 [&](int r, float* row) { rms_norm_row(x + (int64_t)r * h, h, w, eps, row); });
+}
+void prism_rms_norm_quantize_u8(const float* x, int m, int h, const float* w, float eps, int bound, uint8_t* q,
+                                int ldq, float* scale, int wide, int threads) {
+  quantize_after(m, h, bound, q, ldq, scale, wide, threads,
+                 [&](int r, float* row) { rms_norm_row(x + (int64_t)r * h, h, w, eps, row); });
+}
+
+// prism_swiglu's rows (gate_up (m, 2 i) -> i columns, Hadamard blocks of `block`) quantised likewise.
+void prism_swiglu_quantize_i16(const float* gate_up, int m, int i, int block, int bound, int16_t* q, int ldq,
+                               float* scale, int wide, int threads) {
+  quantize_after(m, i, bound, q, ldq, scale, wide, threads,
+                 [&](int r, float* row) { swiglu_row(gate_up + (int64_t)r * 2 * i, i, block, row, wide); });
+}
+void prism_swiglu_quantize_u8(const float* gate_up, int m, int i, int block, int bound, uint8_t* q, int ldq,
+                              float* scale, int wide, int threads) {
+  quantize_after(m, i, bound, q, ldq, scale, wide, threads,
+                 [&](int r, float* row) { swiglu_row(gate_up + (int64_t)r * 2 * i, i, block, row, wide); });
+}
+
+// x: (m, heads, d) float32 with rows ldx apart (a view of the qkv projection's output: no copy); out:
+// (m, heads, d) contiguous; cos, sin: (m, d), row r's angles. Per head, with x = (x1, x2) halves:
 // out = (x1 * cos1 - x2 * sin1, x2 * cos2 + x1 * sin2), (cos1, cos2) and (sin1, sin2) the table row's
 // halves: every product rounded, then the difference or sum -- prism_backend/model/layers.apply_rotary's
 // torch operations, so the same bits as torch's on every CPU (no contraction: -ffp-contract=off).
-void prism_rotary(const float* x, int m, int heads, int d, const float* cos, const float* sin, float* out,
+void prism_rotary(const float* x, int m, int heads, int d, long ldx, const float* cos, const float* sin, float* out,
                   int threads) {
   const int half = d / 2;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -142,7 +196,7 @@ void prism_rotary(const float* x, int m, int heads, int d, const float* cos, con
     const float* c = cos + (int64_t)r * d;
     const float* s = sin + (int64_t)r * d;
     for (int h = 0; h < heads; ++h) {
-      const float* x1 = x + ((int64_t)r * heads + h) * d;
+      const float* x1 = x + (int64_t)r * ldx + (int64_t)h * d;
       const float* x2 = x1 + half;
       float* o1 = out + ((int64_t)r * heads + h) * d;
       float* o2 = o1 + half;

@@ -1,0 +1,80 @@
+// Prism's per-row symmetric quantiser (quant.py's quantize_rows, the same IEEE steps), shared by the
+// exact GEMMs' quantisers (exact_gemm.cpp) and the row-wise passes that quantise their own output
+// for the next projection (rowwise.cpp: RMSNorm and SwiGLU in the quantiser's pass). Included inside
+// each file's anonymous namespace, after <immintrin.h>.
+#pragma once
+
+// the target set of the AVX-512 (F/BW/VL) steps; callers check the CPU first
+#define PRISM_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
+
+inline void store8(int16_t* out, __m256i i32) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1)));
+}
+inline void store8(uint8_t* out, __m256i i32) {  // q + 128 is in [1, 255]: neither pack saturates
+  const __m256i u = _mm256_add_epi32(i32, _mm256_set1_epi32(128));
+  const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(i16, i16));
+}
+template <typename T>
+constexpr int zero_point() { return sizeof(T) == 1 ? 128 : 0; }
+
+// A row's scale, quant.py's symmetric_scale: amax / bound, 1 for an all-zero row (max is exact in
+// any order, so the lanes' order changes nothing).
+inline float row_scale(const float* row, int k, int bound) {
+  __m256 vmax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  int j = 0;
+  for (; j + 8 <= k; j += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + j)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = 0.0f;
+  for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
+  for (; j < k; ++j) amax = __builtin_fabsf(row[j]) > amax ? __builtin_fabsf(row[j]) : amax;
+  return amax > 0.0f ? amax / (float)bound : 1.0f;
+}
+
+// The same per-element steps 16 lanes at a time (AVX-512 CPUs; the caller checks): x / scale rounded
+// half to even, clamped, narrowed (exact: |q| <= bound fits the narrower type, q + 128 in [1, 255]).
+// Returns where it stopped; quantize_row goes on from there in 8 lanes, so both widths give the same
+// integers.
+PRISM_AVX512 inline void store16_lanes(int16_t* out, __m512i i32) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(i32));
+}
+PRISM_AVX512 inline void store16_lanes(uint8_t* out, __m512i i32) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(_mm512_add_epi32(i32, _mm512_set1_epi32(128))));
+}
+template <typename T>
+PRISM_AVX512 int quantize_row16(const float* row, int k, float s, int bound, T* out) {
+  const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps((float)bound), lo = _mm512_set1_ps(-(float)bound);
+  int j = 0;
+  for (; j + 16 <= k; j += 16) {
+    __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    store16_lanes(out + j, _mm512_cvtps_epi32(v));
+  }
+  return j;
+}
+
+
+// One row's symmetric quantisation, quant.py's torch steps: scale = amax / bound (1 for an all-zero
+// row), out[j] = clamp(round_half_even(row[j] / scale), -bound, bound) (+ 128 for uint8), the columns
+// k..ldq the zero point (the kernels' k padding). wide: 16 lanes at a time first (AVX-512 CPUs; the
+// caller checks), then 8, then one -- the same integers. Returns the scale.
+template <typename T>
+inline float quantize_row(const float* row, int k, int bound, T* out, int ldq, int wide) {
+  const float s = row_scale(row, k, bound);
+  const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps((float)bound), lo = _mm256_set1_ps(-(float)bound);
+  int j;
+  for (j = wide ? quantize_row16(row, k, s, bound, out) : 0; j + 8 <= k; j += 8) {
+    __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    store8(out + j, _mm256_cvtps_epi32(v));
+  }
+  for (; j < k; ++j) {
+    float v = __builtin_nearbyintf(row[j] / s);
+    v = v < -(float)bound ? -(float)bound : (v > (float)bound ? (float)bound : v);
+    out[j] = (T)((int)v + zero_point<T>());
+  }
+  for (; j < ldq; ++j) out[j] = (T)zero_point<T>();
+  return s;
+}

@@ -1,0 +1,28 @@
+"""Row passes a quantiser of the kernel library can run in its own pass, in front of a projection.
+
+A projection whose kernel quantises its input row by row (exact_gemm.PackedWeight, PackedWeight8) can
+take its input as the output of one of these passes, computed row by row into a buffer of the thread's
+and quantised from there (csrc/rowwise.cpp, prism_*_quantize_*): the float32 rows are never written
+out and read back. The same operations as the pass followed by the quantiser (rowwise.rms_norm,
+rowwise.swiglu), so the same integers and scales (tests/test_rowwise_cpu.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class RmsNorm:
+    """x (M, H) -> rowwise.rms_norm(x, weight, eps): weight (H,) float32."""
+
+    weight: torch.Tensor
+    eps: float
+
+
+@dataclass(frozen=True, eq=False)
+class SwiGLU:
+    """gate_up (M, 2 I), gate first -> rowwise.swiglu(gate_up, hadamard_block): (M, I)."""
+
+    hadamard_block: int = 0
