@@ -8,7 +8,9 @@ is the int8 default with float32 attention instead of its integer form.
 Each step of the decoder (prism_backend/model/transformer.py) is wrapped with a wall-clock timer:
 every projection by name (its quantisation, integer product and epilogue included: the kernels fuse
 them; so is the row pass in front of it, which its quantiser runs in the same pass where the kernel
-library has the fused form: RMSNorm for qkv and gate_up, SwiGLU with the online Hadamard for down),
+library has the fused form: RMSNorm for qkv and gate_up, SwiGLU with the online Hadamard for down --
+or, where gate_up's kernel ends in SwiGLU (the 8-bit VNNI tile), SwiGLU in gate_up and the Hadamard
+in down),
 attention, the rotary embedding, the RMSNorms left (the last layer's and the final one), the K/V
 concatenation; "forest, scoring, rest" is the time of `decide_many` outside the decoder's steps
 (tokenising, the forest, the embedding lookup, the residual adds, candidate scoring, Python). The
@@ -45,6 +47,7 @@ def timed(name: str, fn):
             return fn(*args, **kwargs)
         finally:
             totals[name] += time.perf_counter() - start
+    wrapper.fuses_swiglu = getattr(fn, "fuses_swiglu", False)  # the decoder asks gate_up (transformer.py)
     return wrapper
 
 

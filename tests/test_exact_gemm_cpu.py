@@ -306,6 +306,45 @@ def test_8_bit_kernel_fused_epilogue_rows_and_threads(m, bias):
             assert torch.equal(packed.matmul(x[:m], 127, x_scale[:m], w_scale, b), full[:m]), threads
 
 
+
+@needs_vnni
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 760])
+def test_8_bit_kernel_swiglu_epilogue_is_swiglu_of_its_output(m, bias):
+    """gate_up packed with glu (each panel 16 gate and the matching 16 up columns): its SwiGLU
+    epilogue gives rowwise.swiglu's bits on the plain kernel's output, at any rows and thread count,
+    exp inputs clamped at both ends included; the plain product of that packing (with a residual) and
+    the unpacked weight are W's own, in W's column order."""
+    from kernels.cpu import rowwise
+
+    x, w = extreme_integers(760, 577, 2 * 96, 127, 127, seed=m)
+    gen = torch.Generator().manual_seed(m)
+    x_scale, w_scale = torch.rand(760, 1, generator=gen) * 1e-2, torch.rand(2 * 96, generator=gen) * 1e-3
+    w_scale[:8] = 1.0  # large gate values: exp's clamped range
+    b = torch.randn(2 * 96, generator=gen) if bias else None
+    plain, glu = PackedWeight8(w), PackedWeight8(w, glu=True)
+    assert torch.equal(glu.unpacked(), plain.unpacked())
+    residual = torch.randn(760, 2 * 96, generator=gen)
+    assert torch.equal(glu.matmul(x, 127, x_scale, w_scale, b, residual), plain.matmul(x, 127, x_scale, w_scale, b, residual))
+    with torch_threads(1):
+        expected = rowwise.swiglu(plain.matmul(x, 127, x_scale, w_scale, b))
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            assert torch.equal(glu.matmul(x[:m], 127, x_scale[:m], w_scale, b, swiglu=True), expected[:m]), threads
+
+
+@needs_vnni
+def test_the_swiglu_epilogue_refuses_what_it_cannot_do():
+    w = torch.ones(8, 48)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        PackedWeight8(w, glu=True)  # 48 columns: not whole panels of 16 gate + 16 up
+    x, scale = torch.ones(2, 8), torch.ones(2, 1)
+    with pytest.raises(ValueError, match="glu=True"):
+        PackedWeight8(torch.ones(8, 64)).matmul(x, 127, scale, torch.ones(64), swiglu=True)
+    with pytest.raises(ValueError, match="no residual"):
+        PackedWeight8(torch.ones(8, 64), glu=True).matmul(x, 127, scale, torch.ones(64), None, torch.ones(2, 64),
+                                                          swiglu=True)
+
 # ---- the int_mm route: torch._int_mm on base-128 digits, the library's quantiser and epilogue ----
 # (sizes stay small: without VNNI torch._int_mm is a plain loop)
 

@@ -13,7 +13,7 @@ from helpers import needs, skip_unless_route_available
 
 from kernels.cpu import exact_gemm, rowwise
 from kernels.cpu.features import has_avx512
-from kernels.cpu.prologues import RmsNorm, SwiGLU
+from kernels.cpu.prologues import Hadamard, RmsNorm, SwiGLU
 from prism_backend.model import hadamard, layers
 from prism_backend.reproducibility import torch_threads
 
@@ -162,6 +162,19 @@ def test_swiglu_in_the_quantisers_pass_gives_the_two_passes_integers(i, block, d
                 assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
+@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
+@pytest.mark.parametrize("k, block", [(1536, 128), (24, 8), (40, 2)])
+def test_the_hadamard_in_the_quantisers_pass_gives_the_two_passes_integers(k, block, dtype, bound):
+    """down_proj's online Hadamard alone (where gate_up's kernel ended in SwiGLU) likewise."""
+    x = integer_valued((37, k), k + 5, 1 / 64)
+    expected = quantized(rowwise.hadamard_rows(x, block), k, bound, dtype)
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            for wide in wide_and_narrow():
+                got = quantized(x, k, bound, dtype, Hadamard(block), wide)
+                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
 def test_a_prologue_of_the_wrong_shape_is_refused():
     x = torch.ones(3, 10)
     with pytest.raises(ValueError, match="RMSNorm"):
@@ -170,6 +183,8 @@ def test_a_prologue_of_the_wrong_shape_is_refused():
         quantized(x, 10, 127, torch.int16, SwiGLU(0))  # gate_up must be 2 * 10 wide
     with pytest.raises(ValueError, match="Hadamard"):
         quantized(torch.ones(3, 20), 10, 127, torch.int16, SwiGLU(4))  # 4 does not divide 10
+    with pytest.raises(ValueError, match="Hadamard"):
+        quantized(x, 10, 127, torch.int16, Hadamard(0))  # the Hadamard alone needs a block
 
 
 @pytest.mark.parametrize("route, passes", [("int16", 2), ("vnni16", 2), ("vnni8", 1), ("int_mm", 2), ("float", 2)])
@@ -186,8 +201,37 @@ def test_a_projection_given_a_prologue_gives_the_bits_of_its_input_computed_firs
     h, i, m = 64, 96, 23
     x, w = integer_valued((m, h), 11, 1 / 64), integer_valued((h,), 12, 1 / 256)
     gate_up = integer_valued((m, 2 * i), 13, 1 / 64)
-    for k, rows, prologue in ((h, x, RmsNorm(w, 1e-6)), (i, gate_up, SwiGLU(32)), (i, gate_up, SwiGLU(12))):
+    activated = integer_valued((m, i), 14, 1 / 64)
+    for k, rows, prologue in ((h, x, RmsNorm(w, 1e-6)), (i, gate_up, SwiGLU(32)), (i, gate_up, SwiGLU(12)),
+                              (i, activated, Hadamard(32)), (i, activated, Hadamard(12))):
         weight = ExactWeight(torch.randint(-bound, bound + 1, (k, 40), generator=gen).float(), passes, passes, route)
         w_scale, bias, residual = torch.rand(40, generator=gen), torch.randn(40, generator=gen), torch.randn(m, 40)
         expected = weight.linear(layers.apply_prologue(prologue, rows), w_scale, bias, residual)
         assert torch.equal(weight.linear(rows, w_scale, bias, residual, prologue), expected), (route, prologue)
+
+
+@pytest.mark.parametrize("glu_columns", [96, 40])
+def test_gate_up_ending_in_swiglu_gives_the_bits_of_swiglu_after_it(glu_columns):
+    """The decoder's MLP input as the int8 default builds it: gate_up (GPTQ-style 8-bit integers, a bias
+    correction) given its RMSNorm, ending in SwiGLU where its kernel can (the 8-bit VNNI tile and whole
+    panels: 96 columns of gate and of up; not 40), equals SwiGLU run on its plain output; down given the
+    Hadamard alone then equals down given SwiGLU with it."""
+    from prism_backend.config import ComputeSettings
+    from prism_backend.model.quant import make_linear
+
+    gen = torch.Generator().manual_seed(glu_columns)
+    h, m, i = 64, 29, glu_columns
+    x, norm = integer_valued((m, h), 21, 1 / 64), RmsNorm(integer_valued((h,), 22, 1 / 256), 1e-6)
+    gate_up_int = (torch.randint(-127, 128, (2 * i, h), generator=gen).float(), torch.rand(2 * i, generator=gen) * 1e-2,
+                   torch.randn(2 * i, generator=gen) * 1e-3)
+    settings = ComputeSettings(precision="int8")
+    fused, plain = (make_linear(None, None, settings, gate_up_int, glu=glu) for glu in (True, False))
+    assert fused.fuses_swiglu == (exact_gemm.vnni8_available() and fused.w.route == "vnni8" and i % 16 == 0)
+    expected = layers.swiglu(plain(x, prologue=norm))
+    if fused.fuses_swiglu:
+        assert torch.equal(fused(x, prologue=norm, swiglu=True), expected)
+    assert torch.equal(fused(x, prologue=norm), plain(x, prologue=norm))  # the plain product: W's column order
+    down = make_linear(torch.randn(h, i, generator=gen), None, settings)
+    residual = torch.randn(m, h, generator=gen)
+    assert torch.equal(down(expected, residual, prologue=Hadamard(8)),
+                       down(plain(x, prologue=norm), residual, prologue=SwiGLU(8)))

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni, wide_lanes  # noqa: F401 (callers ask here too)
-from kernels.cpu.prologues import RmsNorm, SwiGLU
+from kernels.cpu.prologues import Hadamard, Prologue, RmsNorm, SwiGLU
 
 CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
@@ -105,7 +105,7 @@ def load():
         lib.prism_quantize_rows_u8.argtypes = lib.prism_quantize_rows.argtypes
         lib.prism_vnni8_gemm.restype = None
         lib.prism_vnni8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
+                                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int, ctypes.c_int]
         lib.prism_quantize_rows_digits.restype = None
         lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
@@ -118,7 +118,7 @@ def load():
         lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
                                              ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_amx8_gemm.restype = None
-        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes
+        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes[:-1]  # no SwiGLU epilogue
         lib.prism_amx_init.restype = ctypes.c_int
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
@@ -139,6 +139,8 @@ def load():
             glu.restype = None
             glu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                                                     ctypes.c_int, ctypes.c_int]
+            getattr(lib, f"prism_hadamard_quantize_{kind}").restype = None
+            getattr(lib, f"prism_hadamard_quantize_{kind}").argtypes = glu.argtypes
         lib.prism_rotary.restype = None
         lib.prism_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 3 + [
             ctypes.c_int]
@@ -174,13 +176,13 @@ def fits(x_bound: int, w_bound: int) -> bool:
 
 
 def _quantize_rows(x: torch.Tensor, k: int, x_bound: int, width: int, dtype: torch.dtype, row_multiple: int = 1,
-                   pad: int = 0, wide: bool | None = None, prologue: RmsNorm | SwiGLU | None = None):
+                   pad: int = 0, wide: bool | None = None, prologue: Prologue = None):
     """The library's row quantiser on x (M, K) -> (its operand (M, width) of `dtype`, int16 or uint8
     holding q + 128, the row scales (M, 1) float32). With row_multiple > 1 the operand is a view of
     the first M rows of a buffer whose further rows, up to a multiple of row_multiple, hold `pad` (the
     AMX kernel's tiles). wide: 16 lanes at a time (AVX-512; the default where the CPU has it) or 8 --
-    the same integers. prologue: quantise the rows of that pass over x instead (x (M, H) for RmsNorm,
-    (M, 2 K) for SwiGLU), computed in the quantiser's pass (prologues.py)."""
+    the same integers. prologue: quantise the rows of that pass over x instead (x (M, K) for RmsNorm
+    and Hadamard, (M, 2 K) for SwiGLU), computed in the quantiser's pass (prologues.py)."""
     wide = wide_lanes(wide, "the row quantiser")
     x = x.float().contiguous()
     m, kind, lib = x.shape[0], "u8" if dtype == torch.uint8 else "i16", _library()
@@ -199,15 +201,19 @@ def _quantize_rows(x: torch.Tensor, k: int, x_bound: int, width: int, dtype: tor
         getattr(lib, f"prism_rms_norm_quantize_{kind}")(x.data_ptr(), m, k, weight.data_ptr(), prologue.eps, x_bound,
                                                         *tail)
     else:
-        block = prologue.hadamard_block
-        if x.shape[1] != 2 * k or block < 0 or (block and (block & (block - 1) or k % block)):
-            raise ValueError(f"SwiGLU in front of a {k}-wide quantiser needs gate_up (M, {2 * k}) and a Hadamard "
-                             f"block that is 0 or a power of two dividing {k}, got {tuple(x.shape)}, block {block}")
-        getattr(lib, f"prism_swiglu_quantize_{kind}")(x.data_ptr(), m, k, block, x_bound, *tail)
+        block, glu = prologue.hadamard_block, isinstance(prologue, SwiGLU)
+        name = "SwiGLU" if glu else "The Hadamard"
+        if x.shape[1] != (2 * k if glu else k) or block < 0 or (block and (block & (block - 1) or k % block)) or (
+                not glu and not block):
+            raise ValueError(f"{name} in front of a {k}-wide quantiser needs x (M, {2 * k if glu else k}) and a "
+                             f"Hadamard block that is {'0 or ' if glu else ''}a power of two dividing {k}, got "
+                             f"{tuple(x.shape)}, block {block}")
+        getattr(lib, f"prism_{'swiglu' if glu else 'hadamard'}_quantize_{kind}")(x.data_ptr(), m, k, block, x_bound,
+                                                                                 *tail)
     return q[:m], scale
 
 
-def _prologue_applied(x: torch.Tensor, prologue: RmsNorm | SwiGLU | None) -> torch.Tensor:
+def _prologue_applied(x: torch.Tensor, prologue: Prologue) -> torch.Tensor:
     """x after the row pass, as its own float32 tensor (kernels whose quantiser has no fused form)."""
     from kernels.cpu import rowwise  # rowwise imports this module
 
@@ -215,6 +221,8 @@ def _prologue_applied(x: torch.Tensor, prologue: RmsNorm | SwiGLU | None) -> tor
         return x
     if isinstance(prologue, RmsNorm):
         return rowwise.rms_norm(x, prologue.weight, prologue.eps)
+    if isinstance(prologue, Hadamard):
+        return rowwise.hadamard_rows(x, prologue.hadamard_block)
     return rowwise.swiglu(x, prologue.hadamard_block)
 
 
@@ -264,7 +272,7 @@ class PackedWeight:
         return self.packed.permute(1, 3, 0, 2).reshape(2 * self.kpairs, panels * PANEL)[: self.k, : self.n]
 
     def quantize(self, x: torch.Tensor, x_bound: int,
-                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 prologue: Prologue = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> its per-row integers as the kernel's int16 operand (M, 2 * kpairs)
         and the row scales (M, 1) float32: quant.py's symmetric rounding in one pass, same bits.
         prologue: the integers of that row pass over x, in the same pass (_quantize_rows)."""
@@ -297,6 +305,7 @@ class PackedWeight:
 VNNI_PANEL = 32  # output columns per packed panel of the 8-bit kernel (NR8 in the source)
 VNNI_ZERO_POINT = 128  # activations enter vpdpbusd as q + 128 (its unsigned operand)
 VNNI_MAX_K = (INT32_MAX // (255 * 127)) // 4 * 4  # the longest K whose lane sums cannot overflow int32
+GLU_COLUMNS = 16  # gate (and up) columns per panel of the 8-bit kernel with its SwiGLU epilogue
 
 
 def fits8(x_bound: int, w_bound: int, k: int = 0) -> bool:
@@ -330,14 +339,24 @@ AMX_K, AMX_ROWS = 64, 16  # an AMX tile multiplies 16 rows by 64 k at a time: th
 class PackedWeight8:
     """An 8-bit integer weight W (K, N), |W| <= 127, packed for the AVX-512 VNNI kernel: panels of 32
     columns, each k-quad of a column adjacent (vpdpbusd's 4 bytes per int32 lane). With `amx`, for
-    the same kernel on AMX tiles (the same layout, K padded to a multiple of 64)."""
+    the same kernel on AMX tiles (the same layout, K padded to a multiple of 64). With `glu`, W is
+    gate_proj's and up_proj's weights side by side (N = 2 I, gate first) and each panel holds 16 gate
+    columns and the matching 16 up columns, so the kernel can end in SwiGLU (matmul(swiglu=True))."""
 
-    def __init__(self, w_int: torch.Tensor, amx: bool = False):
-        """w_int: (K, N) integer-valued tensor, |w_int| <= 127, K <= VNNI_MAX_K."""
+    def __init__(self, w_int: torch.Tensor, amx: bool = False, glu: bool = False):
+        """w_int: (K, N) integer-valued tensor, |w_int| <= 127, K <= VNNI_MAX_K; N a multiple of 32 with glu."""
         k, n = w_int.shape
         if not fits8(127, 127, k):
             raise ValueError(f"K = {k} is beyond the 8-bit kernel's int32 bound ({VNNI_MAX_K})")
+        if glu and (amx or n % (2 * GLU_COLUMNS)):
+            raise ValueError(f"the SwiGLU epilogue needs the VNNI kernel and N a multiple of {2 * GLU_COLUMNS}, got N = {n}"
+                             f"{' on AMX tiles' if amx else ''}")
         self.k, self.n, self.amx = k, n, amx
+        # column order of the packed panels: with glu, panel p = gate 16p..16p+15, then up I+16p..I+16p+15
+        self.order = torch.arange(n).view(2, n // (2 * GLU_COLUMNS), GLU_COLUMNS).transpose(0, 1).reshape(-1) \
+            if glu else None
+        if glu:
+            w_int = w_int[:, self.order]
         k_multiple = AMX_K if amx else 4
         self.kquads, panels = -(-k // k_multiple) * k_multiple // 4, -(-n // VNNI_PANEL)
         padded = torch.zeros(4 * self.kquads, panels * VNNI_PANEL, dtype=torch.int8)
@@ -348,12 +367,17 @@ class PackedWeight8:
         self.correction = (VNNI_ZERO_POINT * padded.sum(dim=0, dtype=torch.int32)).contiguous()
 
     def unpacked(self) -> torch.Tensor:
-        """W again, (K, N) int8 (for the int8 digits the Triton-lang kernel takes)."""
+        """W again, (K, N) int8 (for the int8 digits the Triton-lang kernel takes), in its own column order."""
         panels = self.packed.shape[0]
-        return self.packed.permute(1, 3, 0, 2).reshape(4 * self.kquads, panels * VNNI_PANEL)[: self.k, : self.n]
+        packed_order = self.packed.permute(1, 3, 0, 2).reshape(4 * self.kquads, panels * VNNI_PANEL)[: self.k, : self.n]
+        if self.order is None:
+            return packed_order
+        w = torch.empty_like(packed_order)
+        w[:, self.order] = packed_order
+        return w
 
     def quantize(self, x: torch.Tensor, x_bound: int,
-                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 prologue: Prologue = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> its per-row integers + 128 as the kernel's uint8 operand (M, 4 * kquads)
         and the row scales (M, 1) float32: quant.py's symmetric rounding, same integers and scales.
         prologue: the integers of that row pass over x, in the same pass (_quantize_rows)."""
@@ -376,11 +400,15 @@ class PackedWeight8:
 
     def matmul(self, x_int: torch.Tensor, x_bound: int = 127, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
         """x_int: (M, K) integer-valued, |x_int| <= x_bound <= 127, or quantize()'s uint8 operand. Without scales ->
         (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) -> (M, N) float32, the
-        dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,): PackedWeight.matmul's contract."""
+        dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,): PackedWeight.matmul's contract.
+        swiglu (a weight packed with glu; scales, no residual): -> (M, N / 2) float32, silu(gate) * up of
+        that output's two halves, in the kernel's epilogue: the bits of rowwise.swiglu applied to it."""
         lib = _library()
+        if swiglu and (self.order is None or x_scale is None or residual is not None):
+            raise ValueError("the SwiGLU epilogue needs a weight packed with glu=True, scales and no residual")
         if not has_avx512_vnni():
             raise RuntimeError("the 8-bit kernel needs a CPU with AVX-512 VNNI")
         if x_bound > 127:
@@ -398,10 +426,21 @@ class PackedWeight8:
             if not amx8_available():
                 raise RuntimeError("the 8-bit kernel's AMX variant needs a CPU with AMX int8 tiles")
             kernel = lib.prism_amx8_gemm
+        if self.order is not None:  # the scales and bias in the panels' column order
+            w_scale = w_scale.reshape(-1)[self.order]
+            bias = None if bias is None else bias[self.order]
+            residual = None if residual is None else residual[:, self.order]
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
+        if swiglu:
+            out = torch.empty(m, self.n // 2, dtype=torch.float32)
+        tail = (int(swiglu),) if not self.amx else ()
         kernel(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
-               *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
-        return out
+               *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), *tail)
+        if self.order is None or swiglu:
+            return out
+        ordered = torch.empty_like(out)  # columns back in W's order
+        ordered[:, self.order] = out
+        return ordered
 
 
 DIGIT_BASE = 128  # passes are base-128 digits, most significant first (prism_backend/model/exact_matmul.py)
@@ -431,7 +470,7 @@ class DigitWeight:
         self.act_passes = act_passes
 
     def quantize(self, x: torch.Tensor, x_bound: int,
-                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 prologue: Prologue = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> the digits of its per-row integers, stacked (P * M, K) int8 (digit i
         in rows i*M..), and the row scales (M, 1) float32: quant.py's quantisation and int8_passes.
         prologue: the digits of that row pass over x (run first, as its own pass)."""
@@ -491,7 +530,7 @@ class AmxDigitWeight:
         return torch.zeros(self.act_passes, -(-m // AMX_ROWS) * AMX_ROWS, 4 * self.kquads, dtype=torch.int8)
 
     def quantize(self, x: torch.Tensor, x_bound: int,
-                 prologue: RmsNorm | SwiGLU | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 prologue: Prologue = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> the digits of its per-row integers, (P, M, 4 * kquads) int8 (a view of
         the kernel's padded buffer), and the row scales (M, 1) float32: quant.py's quantisation.
         prologue: the digits of that row pass over x (run first, as its own pass)."""

@@ -70,9 +70,9 @@ def has_avx2() -> bool:
 
 
 def has_avx512_vnni() -> bool:
-    """Whether this CPU runs the 8-bit kernel (AVX-512 F/BW/VL and VNNI)."""
+    """Whether this CPU runs the 8-bit kernel (AVX-512 F/BW/VL/DQ and VNNI)."""
     flags = cpu_flags()
-    return flags is not None and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+    return flags is not None and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags
 
 
 def has_avx512() -> bool:

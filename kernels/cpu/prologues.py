@@ -26,3 +26,14 @@ class SwiGLU:
     """gate_up (M, 2 I), gate first -> rowwise.swiglu(gate_up, hadamard_block): (M, I)."""
 
     hadamard_block: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Hadamard:
+    """x (M, K) -> rowwise.hadamard_rows(x, hadamard_block): down_proj's online rotation alone, where
+    gate_up's kernel already ended in SwiGLU (PackedWeight8(glu=True))."""
+
+    hadamard_block: int
+
+
+Prologue = RmsNorm | SwiGLU | Hadamard | None  # what a quantiser may be given

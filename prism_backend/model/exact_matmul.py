@@ -67,7 +67,7 @@ from typing import Callable
 import torch
 
 from kernels.cpu import exact_gemm
-from kernels.cpu.prologues import RmsNorm, SwiGLU
+from kernels.cpu.prologues import Prologue
 
 from .layers import apply_prologue, library_runs_prologue
 
@@ -235,8 +235,11 @@ class ExactWeight:
     Triton-lang kernel), int16 panels for `int16` and `vnni16`, float32 K-chunks (one pass each side) or a float64
     copy for `float`."""
 
-    def __init__(self, w_int: torch.Tensor, act_passes: int, weight_passes: int, chosen: str | None = None):
-        """w_int: (K, N) integer-valued float32, |w_int| <= int_bound(weight_passes)."""
+    def __init__(self, w_int: torch.Tensor, act_passes: int, weight_passes: int, chosen: str | None = None,
+                 glu: bool = False):
+        """w_int: (K, N) integer-valued float32, |w_int| <= int_bound(weight_passes). glu: W is gate_proj
+        and up_proj side by side (gate first); where the route is the 8-bit VNNI kernel and N a multiple
+        of 32, it is packed so the kernel can end in SwiGLU (`fuses_swiglu`, linear(swiglu=True))."""
         self.act_passes, self.weight_passes = act_passes, weight_passes
         self.x_bound, self.w_bound = int_bound(act_passes), int_bound(weight_passes)
         self.route = chosen or (route(act_passes, weight_passes, tuple(w_int.shape)) if not w_int.is_cuda else "int_mm")
@@ -252,6 +255,7 @@ class ExactWeight:
         # the weight of a kernel that also quantises and dequantises (int16 / vnni16, vnni8 / amx8, amx_digits,
         # or int_mm with the kernel library's quantiser and epilogue), or None
         self.fused = self.fp32_chunks = self.fp64 = None
+        self.fuses_swiglu = False  # whether linear(swiglu=True) runs (the 8-bit kernel's SwiGLU epilogue)
         if self.route == "int_mm":
             self.digits = int8_passes(w_int, weight_passes)
             if not w_int.is_cuda and exact_gemm.load() is not None:
@@ -262,7 +266,8 @@ class ExactWeight:
         elif self.route in ("int16", "vnni16"):
             self.fused = exact_gemm.PackedWeight(w_int, self.w_bound, vnni=self.route == "vnni16")
         elif self.route in ("vnni8", "amx8"):
-            self.fused = exact_gemm.PackedWeight8(w_int, amx=self.route == "amx8")
+            self.fuses_swiglu = glu and self.route == "vnni8" and w_int.shape[1] % (2 * exact_gemm.GLU_COLUMNS) == 0
+            self.fused = exact_gemm.PackedWeight8(w_int, amx=self.route == "amx8", glu=self.fuses_swiglu)
         elif act_passes == weight_passes == 1:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
         else:
@@ -279,17 +284,22 @@ class ExactWeight:
         return self.digits
 
     def linear(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-               residual: torch.Tensor | None = None, prologue: RmsNorm | SwiGLU | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, prologue: Prologue = None, swiglu: bool = False) -> torch.Tensor:
         """The served projection on one rank: x (M, K) float32 quantised per row to |X| <= x_bound,
         X @ W exactly, dequantised ((X @ W) * x_scale) * w_scale, rounded once, + bias (N,) (+ residual
         (M, N), last) -> (M, N) float32. A kernel with fused quantisation and epilogue does it in one
         library call (the same operations); route() times exactly this. prologue: x is the input of
-        that row pass (RMSNorm, SwiGLU), which the kernel's quantiser runs in its own pass."""
+        that row pass (RMSNorm, SwiGLU), which the kernel's quantiser runs in its own pass. swiglu
+        (where fuses_swiglu): -> (M, N / 2), silu(gate) * up of that output in the kernel's epilogue."""
+        if swiglu and not self.fuses_swiglu:
+            raise ValueError("this weight's kernel has no SwiGLU epilogue (fuses_swiglu is False)")
         if self.fused is not None and not library_runs_prologue(prologue):
             x, prologue = apply_prologue(prologue, x), None
         if self.fused is not None:
             # (M, K padded) int16 / uint8, (M, 1)
             x_kernel, x_scale = self.fused.quantize(x, self.x_bound, prologue=prologue)
+            if swiglu:
+                return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, swiglu=True)
             return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual)
         x_int, x_scale = quantize_rows(apply_prologue(prologue, x), self.x_bound)  # (M, K), (M, 1)
         out = dequantize(self.matmul(x_int), x_scale, w_scale, bias)

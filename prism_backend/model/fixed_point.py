@@ -58,7 +58,7 @@ class FixedPointLinear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue=None) -> torch.Tensor:
         """x (N, in) float32 -> (N, out) float32 (+ residual (N, out) last, where given); prologue: x is
-        that row pass's input (quant.Prologue, applied first)."""
+        that row pass's input (kernels/cpu/prologues.py, applied first)."""
         x = apply_prologue(prologue, x)
         w_int, w_exponent = to_fixed(self.weight, self.bits)  # (out, in), (out, 1)
         x_int, x_exponent = to_fixed(x, self.bits)  # (N, in), (N, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu import rowwise
-from kernels.cpu.prologues import RmsNorm, SwiGLU
+from kernels.cpu.prologues import Hadamard, Prologue, RmsNorm, SwiGLU
 
 from .rotation import online_down
 
@@ -83,14 +83,14 @@ def swiglu(gate_up: torch.Tensor, hadamard_block: int = 0) -> torch.Tensor:
     return online_down(out, hadamard_block) if hadamard_block else out
 
 
-def library_runs_prologue(prologue: RmsNorm | SwiGLU | None) -> bool:
+def library_runs_prologue(prologue: Prologue) -> bool:
     """Whether the kernel library's quantisers can run this row pass (a Hadamard block that is not a
     power of two, a Paley one, is torch's: rotation.online_down)."""
-    block = prologue.hadamard_block if isinstance(prologue, SwiGLU) else 0
+    block = getattr(prologue, "hadamard_block", 0)
     return block & (block - 1) == 0
 
 
-def apply_prologue(prologue: RmsNorm | SwiGLU | None, x: torch.Tensor) -> torch.Tensor:
+def apply_prologue(prologue: Prologue, x: torch.Tensor) -> torch.Tensor:
     """x after the row pass a projection was given to run in front of its quantiser (kernels/cpu/
     prologues.py), computed here as its own pass: for projections whose kernel has no fused form
     (fp32, the calibration's, tensor-parallel, the GPU path). The same bits as the fused form."""
@@ -98,4 +98,6 @@ def apply_prologue(prologue: RmsNorm | SwiGLU | None, x: torch.Tensor) -> torch.
         return x
     if isinstance(prologue, RmsNorm):
         return rms_norm(x, prologue.weight, prologue.eps)
+    if isinstance(prologue, Hadamard):
+        return online_down(x, prologue.hadamard_block)
     return swiglu(x, prologue.hadamard_block)

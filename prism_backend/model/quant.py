@@ -24,15 +24,13 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.prologues import RmsNorm, SwiGLU
+from kernels.cpu.prologues import Prologue
 
 from .exact_matmul import (PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, quantize_rows, round_to_grid,
                            symmetric_scale)
 
 from ..config import ComputeSettings
 from .layers import apply_prologue
-
-Prologue = RmsNorm | SwiGLU | None  # a row pass in front of a projection (kernels/cpu/prologues.py)
 
 
 class Fp32Linear:
@@ -59,7 +57,7 @@ def use_triton(kernels: str, x: torch.Tensor) -> bool:
 
 class Int8Linear:
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, settings: ComputeSettings,
-                 integers: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 integers: tuple[torch.Tensor, torch.Tensor] | None = None, glu: bool = False):
         """weight: (out, in) float32 -> integer weight W (in, out) for this CPU's exact route
         (exact_matmul.ExactWeight) and per-output-channel scales (out,), rounded to nearest here;
         or `integers` = (W (out, in) integer-valued, scales (out,)[, correction (out,)]) rounded
@@ -68,7 +66,10 @@ class Int8Linear:
 
         settings.group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel).
         The row maxima of weights and activations are then all-reduced with MAX and the exact
-        integer partial products with SUM, so the output bits equal the unsplit layer's."""
+        integer partial products with SUM, so the output bits equal the unsplit layer's.
+
+        glu: the weight is gate_proj's and up_proj's stacked (gate first); where the exact route's kernel
+        has a SwiGLU epilogue (ExactWeight.fuses_swiglu) __call__(swiglu=True) returns silu(gate) * up."""
         self.group = settings.group
         self.act_passes, self.weight_passes = settings.act_passes, settings.weight_passes
         self.act_bound, self.weight_bound = int_bound(self.act_passes), int_bound(self.weight_passes)
@@ -84,7 +85,9 @@ class Int8Linear:
                 self.group.all_reduce_max(amax)
             self.w_scale = symmetric_scale(amax, self.weight_bound).to(torch.float32)  # (out,)
             w_int = round_to_grid(weight, self.w_scale[:, None], self.weight_bound)  # (out, in)
-        self.w = ExactWeight(w_int.t().contiguous(), self.act_passes, self.weight_passes)  # (in, out)
+        self.w = ExactWeight(w_int.t().contiguous(), self.act_passes, self.weight_passes,  # (in, out)
+                             glu=glu and self.group is None)
+        self.fuses_swiglu = self.w.fuses_swiglu
         self.bias = bias
         self.kernels = settings.kernels
 
@@ -92,12 +95,17 @@ class Int8Linear:
         """x: (M, in) float32 -> integers X (M, in) as float32, scales (M, 1)."""
         return quantize_rows(x, self.act_bound, None if self.group is None else self.group.all_reduce_max)
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue: Prologue = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue: Prologue = None,
+                 swiglu: bool = False) -> torch.Tensor:
         """x (M, in) float32 -> the dequantised exact product (M, out), + residual (M, out) last where
         given: the decoder's skip connection, fused into the CPU kernels' epilogue (one float32
         addition either way, so the same bits as adding it after). prologue: x is the input of that
         row pass (RMSNorm, SwiGLU), run by the CPU kernels' quantiser in its own pass (no float32
-        copy of its output; the same bits), else first, as its own pass."""
+        copy of its output; the same bits), else first, as its own pass. swiglu (only where
+        fuses_swiglu): -> (M, out / 2), silu(gate) * up in the kernel's epilogue, the bits of
+        layers.swiglu on the product."""
+        if swiglu:
+            return self.w.linear(x, self.w_scale, self.bias, prologue=prologue, swiglu=True)
         if self.group is not None or use_triton(self.kernels, x):
             x = apply_prologue(prologue, x)
         if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised
@@ -132,12 +140,13 @@ class Int8Linear:
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, settings: ComputeSettings,
-                integers: tuple[torch.Tensor, torch.Tensor] | None = None):
+                integers: tuple[torch.Tensor, torch.Tensor] | None = None, glu: bool = False):
     """The linear map of `weight` (out, in) in settings.precision (checked in config.py): fp32, or
     integers -- `integers` (8-bit, GPTQ-rounded: one pass a side) where given, else `weight` rounded
-    to nearest with settings' passes (the exact 13-bit scheme by default)."""
+    to nearest with settings' passes (the exact 13-bit scheme by default). glu: gate_proj and up_proj
+    stacked, for a kernel with a SwiGLU epilogue where there is one (Int8Linear.fuses_swiglu)."""
     if settings.precision == "fp32":
         return Fp32Linear(weight, bias, settings.group)
     if integers is not None:
-        return Int8Linear(None, bias, dataclasses.replace(settings, act_passes=1, weight_passes=1), integers)
-    return Int8Linear(weight, bias, settings)
+        return Int8Linear(None, bias, dataclasses.replace(settings, act_passes=1, weight_passes=1), integers, glu)
+    return Int8Linear(weight, bias, settings, glu=glu)

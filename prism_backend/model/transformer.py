@@ -15,7 +15,7 @@ import torch
 from ..config import ComputeSettings
 from ..forest import Forest
 from .attention import ForestAttention
-from kernels.cpu.prologues import RmsNorm, SwiGLU
+from kernels.cpu.prologues import Hadamard, RmsNorm, SwiGLU
 
 from .layers import RotaryTable, apply_rotary, rms_norm
 from .loader import LayerWeights, ModelWeights
@@ -33,8 +33,8 @@ class Projections:
 
         integers = lw.integers or {}
 
-        def make(weight, bias=None, row_parallel=False, name=None):
-            return make_linear(weight, bias, settings if row_parallel else unsplit, integers.get(name))
+        def make(weight, bias=None, row_parallel=False, name=None, glu=False):
+            return make_linear(weight, bias, settings if row_parallel else unsplit, integers.get(name), glu)
 
         self.qkv = self.q = self.kv = None
         if last:
@@ -48,7 +48,7 @@ class Projections:
         else:
             self.qkv = make(lw.wqkv, lw.bqkv, name="qkv")
         self.o = make(lw.wo, row_parallel=True, name="o")  # with TP: this rank's heads -> partial sums
-        self.gate_up = make(lw.w_gate_up, name="gate_up")
+        self.gate_up = make(lw.w_gate_up, name="gate_up", glu=True)  # SwiGLU in its epilogue where a kernel has it
         self.down = make(lw.w_down, row_parallel=True, name="down")  # with TP: this rank's MLP columns
 
 
@@ -75,11 +75,16 @@ class ForestTransformer:
         return x if weight is None else rms_norm(x, weight, self.spec.rms_norm_eps)
 
     def _mlp_block(self, h: torch.Tensor, lw: LayerWeights, p: Projections) -> torch.Tensor:
-        """h + down(swiglu(gate_up(rms_norm(h)))): each row pass given to the projection after it, whose
-        kernel runs it in its quantiser's pass (kernels/cpu/prologues.py); the residual in down's epilogue."""
-        gate_up = p.gate_up(h, prologue=RmsNorm(lw.post_norm, self.spec.rms_norm_eps))  # (n, 2 I)
-        # swiglu (n, I); in a rotated model times down_proj's online Hadamard (rotation.online_down)
-        return p.down(gate_up, residual=h, prologue=SwiGLU(self.w.down_block or 0))
+        """h + down(swiglu(gate_up(rms_norm(h)))) -- in a rotated model swiglu times down_proj's online
+        Hadamard (rotation.online_down). Each row pass is given to the projection after it, whose kernel
+        runs it in its quantiser's pass (kernels/cpu/prologues.py), or SwiGLU ends gate_up's own kernel
+        where it can (the 8-bit VNNI tile's epilogue); the residual is added in down's epilogue."""
+        norm, block = RmsNorm(lw.post_norm, self.spec.rms_norm_eps), self.w.down_block or 0
+        if getattr(p.gate_up, "fuses_swiglu", False):  # (calibration's wrappers have no such kernel)
+            activated = p.gate_up(h, prologue=norm, swiglu=True)  # (n, I)
+            return p.down(activated, residual=h, prologue=Hadamard(block) if block else None)
+        gate_up = p.gate_up(h, prologue=norm)  # (n, 2 I)
+        return p.down(gate_up, residual=h, prologue=SwiGLU(block))
 
     def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
         """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""

@@ -8,7 +8,9 @@
 #include <immintrin.h>
 
 // the target set of every AVX-512 VNNI function that calls these steps (they inline only into the same set)
-#define PRISM_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+// (DQ too: every AVX-512 VNNI CPU has it, and vec.h's 16-lane steps, which the 8-bit tile's SwiGLU
+// epilogue inlines, are compiled for it)
+#define PRISM_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 // acc += x (vpaddd): the AVX2 int16 kernel's sum of a vpmaddwd's pair products
 static inline __m256i add_into(__m256i acc, __m256i x) {

@@ -24,6 +24,7 @@
 // the same IEEE operations in the same order as quant.py's torch epilogue (built without FP
 // contraction), so the fused and unfused routes give the same bits.
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <errno.h>
@@ -37,6 +38,7 @@
 
 namespace {
 #include "quantize.h"  // quantize_row: the per-row symmetric quantiser; PRISM_AVX512
+#include "vec.h"       // avx512::silu_times: SwiGLU's steps, for the 8-bit tile's SwiGLU epilogue
 
 constexpr int NR = 16;  // columns per panel: two 8-lane int32 accumulators per row
 // Rows per tile: 6 int32 accumulators + 2 weight registers + 3 broadcasts fit the 16 ymm registers.
@@ -50,8 +52,11 @@ struct Epilogue {
   const float* w_scale;  // (n,)
   const float* bias;     // (n,) or null
   const float* residual; // (m, n) or null: added last, out = residual + dequantised (the decoder's skip)
-  void* out;             // (m, n) float64 or float32
+  void* out;             // (m, n) float64 or float32; (m, n / 2) float32 with swiglu
   long n;
+  // the 8-bit tile only: each panel's 32 columns are 16 of gate_proj and the matching 16 of up_proj
+  // (exact_gemm.py packs them so); out gets silu(gate) * up of the dequantised pair (glu16)
+  bool swiglu = false;
 };
 
 // One output row's ncols sums (exact integers as float64) from column col on: raw, or dequantised as
@@ -299,6 +304,27 @@ PRISM_VNNI inline void rows16(const Operand& a, const int16_t* panel, long panel
 constexpr int NR8 = 32;  // columns per panel: two 16-lane int32 accumulators per row
 constexpr int MR8 = 8;   // rows per tile: 16 accumulators + 2 weight registers of AVX-512's 32
 
+// The SwiGLU epilogue of one row of a panel: gate and up, the corrected int32 sums of its two 16-column
+// halves, dequantised by store16's operations ((float)((sum * x_scale) * w_scale) + bias, 8 lanes per
+// float64 step) and multiplied as SwiGLU's row pass does (vec.h's silu_times, 16 lanes): the bits of
+// the dequantised gate_up output followed by rowwise's swiglu. Writes out's 16 columns col / 2...
+PRISM_VNNI inline __m512 dequantise16(__m512i sum, int row, int col, const Epilogue& e) {
+  const __m512d xs = _mm512_set1_pd((double)e.x_scale[row]);
+  __m256 half[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512d s = _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(sum, 1) : _mm512_castsi512_si256(sum));
+    const __m512d ws = _mm512_cvtps_pd(_mm256_loadu_ps(e.w_scale + col + 8 * h));
+    half[h] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(s, xs), ws));
+    if (e.bias) half[h] = _mm256_add_ps(half[h], _mm256_loadu_ps(e.bias + col + 8 * h));
+  }
+  return _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);
+}
+
+PRISM_VNNI inline void glu16(__m512i gate, __m512i up, int row, int col, const Epilogue& e) {
+  const __m512 g = dequantise16(gate, row, col, e), u = dequantise16(up, row, col + 16, e);
+  _mm512_storeu_ps(static_cast<float*>(e.out) + (long)row * (e.n / 2) + col / 2, avx512::silu_times(g, u));
+}
+
 template <int R>
 PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_t* panel, const int32_t* corr,
                              int row, int col, int ncols, const Epilogue& e) {
@@ -315,6 +341,12 @@ PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_
       acc[r][0] = dpbusd(acc[r][0], a, b0);
       acc[r][1] = dpbusd(acc[r][1], a, b1);
     }
+  }
+  if (e.swiglu) {  // whole panels only (the caller checks n % 32 == 0)
+    const __m512i c0 = _mm512_loadu_si512(corr + col), c1 = _mm512_loadu_si512(corr + col + 16);
+    for (int r = 0; r < R; ++r)
+      glu16(_mm512_sub_epi32(acc[r][0], c0), _mm512_sub_epi32(acc[r][1], c1), row + r, col, e);
+    return;
   }
   for (int r = 0; r < R; ++r)  // straight from the registers (store16: store_row's operations, 16 lanes)
     for (int h = 0; h < 2 && 16 * h < ncols; ++h)
@@ -397,8 +429,9 @@ PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int
 // the panels as in prism_int16_gemm; the same epilogue arguments. Call only where the CPU has AVX-512 VNNI.
 PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
                                  const float* x_scale, const float* w_scale, const float* bias, const float* residual,
-                                 void* out, int threads) {
-  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
+                                 void* out, int threads, int swiglu) {
+  // swiglu: n % 32 == 0, panels packed gate / up (PackedWeight8(glu=True)), scales and no residual
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
   const int panels = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads;
   const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;

@@ -7,8 +7,8 @@
 //                        block, the Hadamard butterfly below on the row (down_proj's input) in the same pass
 //   prism_hadamard_rows  the block-diagonal Walsh-Hadamard transform of model/hadamard.transform
 //   prism_rotary         the rotate-half rotary embedding, (x1 cos - x2 sin, x2 cos + x1 sin) per head
-//   prism_rms_norm_quantize_{i16,u8}, prism_swiglu_quantize_{i16,u8}
-//                        RMSNorm, or SwiGLU (+ Hadamard), and then the next projection's row quantiser
+//   prism_rms_norm_quantize_{i16,u8}, prism_swiglu_quantize_{i16,u8}, prism_hadamard_quantize_{i16,u8}
+//                        RMSNorm, SwiGLU (+ Hadamard) or the Hadamard alone, and then the next projection's row quantiser
 //                        (quantize.h) in one pass over each row: the row is computed into a buffer of
 //                        the thread's and quantised from there, never written out as float32 -- the
 //                        same steps, so the same integers and scales as the two passes one after the other
@@ -71,8 +71,7 @@ inline void hadamard_row(float* row, int k, int block) {
 // lane the same IEEE steps in both widths, so both give the same bits); returns where it stopped.
 #define PRISM_SILU_UP_BODY                                                               \
   for (; j + W <= i; j += W) {                                                           \
-    const Vec g = load(gate + j);                                                        \
-    store(dst + j, mul(div(g, add(set1(1.0f), exp(neg(g)))), load(up + j)));             \
+    store(dst + j, silu_times(load(gate + j), load(up + j)));                             \
   }                                                                                      \
   return j;
 
@@ -216,6 +215,22 @@ void prism_rotary(const float* x, int m, int heads, int d, long ldx, const float
       }
     }
   }
+}
+
+// prism_hadamard_rows' rows (x (m, k), blocks of `block`, a power of two dividing k) quantised likewise.
+void prism_hadamard_quantize_i16(const float* x, int m, int k, int block, int bound, int16_t* q, int ldq, float* scale,
+                                 int wide, int threads) {
+  quantize_after(m, k, bound, q, ldq, scale, wide, threads, [&](int r, float* row) {
+    memcpy(row, x + (int64_t)r * k, sizeof(float) * k);
+    hadamard_row(row, k, block);
+  });
+}
+void prism_hadamard_quantize_u8(const float* x, int m, int k, int block, int bound, uint8_t* q, int ldq, float* scale,
+                                int wide, int threads) {
+  quantize_after(m, k, bound, q, ldq, scale, wide, threads, [&](int r, float* row) {
+    memcpy(row, x + (int64_t)r * k, sizeof(float) * k);
+    hadamard_row(row, k, block);
+  });
 }
 
 }  // extern "C"

@@ -1,5 +1,5 @@
 // Vector operations of two widths for the kernels that must give the same bits on every x86 CPU kind
-// (tree_attention.cpp, rowwise.cpp): namespace avx2 (8 floats per Vec, AVX2 + FMA) and avx512 (16,
+// (tree_attention.cpp, rowwise.cpp, exact_gemm.cpp's SwiGLU epilogue): namespace avx2 (8 floats per Vec, AVX2 + FMA) and avx512 (16,
 // compiled for AVX-512 only inside its namespace), the same IEEE operation per lane in both, and one
 // exp written over them. Included inside each file's anonymous namespace.
 #pragma once
@@ -26,6 +26,10 @@
   p = add(p, set1(1.0f));                                                                  \
   return mul(p, pow2(n));
 
+
+// SiLU(g) * u = (g / (1 + exp(-g))) * u, lane by lane: SwiGLU's steps wherever it runs (the row pass in
+// rowwise.cpp, gate_up's epilogue in exact_gemm.cpp), so every place and width gives the same bits.
+#define PRISM_SILU_TIMES_BODY return mul(div(g, add(set1(1.0f), exp(neg(g)))), u);
 
 // The largest of x[0..count) (count >= 1): whole vectors, the last one's lanes past count as -inf.
 // max is order-free, so any width gives the same value.
@@ -64,6 +68,7 @@ inline Vec pow2(Vec n) {  // 2^n for integral n in [-126, 127]
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 inline Vec exp(Vec x) { PRISM_EXP_BODY }
+inline Vec silu_times(Vec g, Vec u) { PRISM_SILU_TIMES_BODY }
 inline Vec keep_first(Vec p, int count) {  // lanes >= count set to 0
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes)));
@@ -104,6 +109,7 @@ inline Vec pow2(Vec n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 inline Vec exp(Vec x) { PRISM_EXP_BODY }
+inline Vec silu_times(Vec g, Vec u) { PRISM_SILU_TIMES_BODY }
 inline Vec keep_first(Vec p, int count) {
   const __mmask16 keep = count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count > 0 ? count : 0)) - 1);
   return _mm512_maskz_mov_ps(keep, p);
