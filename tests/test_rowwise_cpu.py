@@ -130,8 +130,14 @@ def quantized(x, k, bound, dtype, prologue=None, wide=None):
     return exact_gemm._quantize_rows(x, k, bound, width, dtype, wide=wide, prologue=prologue)
 
 
-def wide_and_narrow():
-    return (False, True) if has_avx512() else (False,)
+def assert_every_thread_count_and_width_gives(expected, x, k, bound, dtype, prologue):
+    """The quantiser given `prologue` over x gives `expected` (operand, scales) at 1-4 threads, in both
+    vector widths where the CPU has AVX-512."""
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            for wide in (False, True) if has_avx512() else (False,):
+                got = quantized(x, k, bound, dtype, prologue, wide)
+                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (threads, wide)
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
@@ -142,11 +148,7 @@ def test_rms_norm_in_the_quantisers_pass_gives_the_two_passes_integers(h, dtype,
     x, w = integer_valued((41, h), h + 2, 1 / 64), integer_valued((h,), h + 3, 1 / 256)
     x[3] = 0.0  # an all-zero row: scale 1, integers 0
     expected = quantized(rowwise.rms_norm(x, w, 1e-5), h, bound, dtype)
-    for threads in (1, 2, 3, 4):
-        with torch_threads(threads):
-            for wide in wide_and_narrow():
-                got = quantized(x, h, bound, dtype, RmsNorm(w, 1e-5), wide)
-                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert_every_thread_count_and_width_gives(expected, x, h, bound, dtype, RmsNorm(w, 1e-5))
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
@@ -155,11 +157,7 @@ def test_swiglu_in_the_quantisers_pass_gives_the_two_passes_integers(i, block, d
     """SwiGLU (+ down_proj's online Hadamard) likewise: the integers of swiglu's output, quantised after."""
     gate_up = integer_valued((37, 2 * i), i + 4, 1 / 64)
     expected = quantized(rowwise.swiglu(gate_up, block), i, bound, dtype)
-    for threads in (1, 2, 3, 4):
-        with torch_threads(threads):
-            for wide in wide_and_narrow():
-                got = quantized(gate_up, i, bound, dtype, SwiGLU(block), wide)
-                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert_every_thread_count_and_width_gives(expected, gate_up, i, bound, dtype, SwiGLU(block))
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
@@ -168,11 +166,7 @@ def test_the_hadamard_in_the_quantisers_pass_gives_the_two_passes_integers(k, bl
     """down_proj's online Hadamard alone (where gate_up's kernel ended in SwiGLU) likewise."""
     x = integer_valued((37, k), k + 5, 1 / 64)
     expected = quantized(rowwise.hadamard_rows(x, block), k, bound, dtype)
-    for threads in (1, 2, 3, 4):
-        with torch_threads(threads):
-            for wide in wide_and_narrow():
-                got = quantized(x, k, bound, dtype, Hadamard(block), wide)
-                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert_every_thread_count_and_width_gives(expected, x, k, bound, dtype, Hadamard(block))
 
 
 def test_a_prologue_of_the_wrong_shape_is_refused():
