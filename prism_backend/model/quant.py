@@ -87,7 +87,8 @@ class Int8Linear:
             w_int = round_to_grid(weight, self.w_scale[:, None], self.weight_bound)  # (out, in)
         self.w = ExactWeight(w_int.t().contiguous(), self.act_passes, self.weight_passes,  # (in, out)
                              glu=glu and self.group is None)
-        self.fuses_swiglu = self.w.fuses_swiglu
+        # the CPU kernel's epilogue; kernels='triton' runs the Triton-lang GEMM even on CPU tensors
+        self.fuses_swiglu = self.w.fuses_swiglu and settings.kernels != "triton"
         self.bias = bias
         self.kernels = settings.kernels
 
