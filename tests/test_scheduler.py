@@ -238,6 +238,49 @@ def test_gathering_waits_for_the_group_it_found_last():
     scheduler.stop()
 
 
+def test_requests_that_arrive_while_a_lone_started_batch_runs_join_the_next_group():
+    """A group sent together whose first request started alone (the last group was one) and whose
+    others arrive after the window but while that first batch runs (their tokenizer steps slowed
+    by it): the next group of that size waits for its last request and forms one batch. A request
+    arriving after that batch ended is not counted: the lone caller after it starts at once."""
+    engine = SlowEngine()
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=8, bound_s=60, gather_s=0.2).start()
+    scheduler.submit("lone")
+    assert engine.started.acquire(timeout=10)  # waits out the first window: nobody else comes
+    engine.release.release()
+    wait_until(lambda: scheduler._running is None)
+    scheduler.submit("x1")  # the group learned is one: x1 starts at once, alone
+    assert engine.started.acquire(timeout=10)
+    time.sleep(0.3)  # past x1's window, while its batch runs
+    scheduler.submit("x2")
+    scheduler.submit("x3")
+    engine.release.release()
+    assert engine.started.acquire(timeout=10)  # x2 and x3, queued behind x1
+    engine.release.release()
+    wait_until(lambda: scheduler._running is None)
+    scheduler.submit("y1")
+    time.sleep(0.05)
+    scheduler.submit("y2")
+    time.sleep(0.05)
+    scheduler.submit("y3")
+    assert engine.started.acquire(timeout=10)
+    assert engine.batches[-1] == ["y1", "y2", "y3"]  # without counting x2, x3: y1 alone
+    engine.release.release()
+    wait_until(lambda: scheduler._running is None)
+    time.sleep(0.3)  # y's window over and its batch ended: a request now is no one's late member
+    scheduler.submit("z")
+    assert engine.started.acquire(timeout=10)
+    engine.release.release()
+    wait_until(lambda: scheduler._running is None)
+    start = time.monotonic()
+    scheduler.submit("lone again")  # the group learned from z's window: one
+    assert engine.started.acquire(timeout=10)
+    assert time.monotonic() - start < 0.15
+    engine.release.release()
+    assert engine.batches == [["lone"], ["x1"], ["x2", "x3"], ["y1", "y2", "y3"], ["z"], ["lone again"]]
+    scheduler.stop()
+
+
 def test_a_request_s_size_is_read_from_its_token_tensors():
     """What prism_decision's execute() queues with each request: its rows and its shareable ids;
     tensors that validation will refuse later count as nothing, never raise here."""

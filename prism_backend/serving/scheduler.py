@@ -28,7 +28,10 @@ never waits for the instance and never holds a queue, and the queue lives here, 
              the batch is full first. A request that queued while a batch ran has waited already:
              no gathering then; nor for an urgent request (its batch counts as full at once).
              The window ends early once as many requests are there as came within the last one
-             (counting those that arrived after its batch had started): a lone caller, one request
+             (counting those that arrived after its batch had started, within the window or while
+             that batch still ran: the requests sent with a lone-started first one reach this step
+             late, their tokenizer steps slowed by its batch on the same cores -- 8-14 ms apart
+             measured on (b) against 1-5 ms otherwise): a lone caller, one request
              after another, waits for nobody (it would otherwise wait out every window: 8 ms of a
              ~250 ms answer), a client that sends three at a time starts on its third. A group
              larger than the last one is scored in two batches once and then waited for; a smaller
@@ -120,10 +123,11 @@ class Scheduler:
         self._lanes = {True: deque(), False: deque()}  # urgent, bulk: Tickets in arrival order
         self._running: tuple[float, int] | None = None  # (start, requests) of the batch being scored
         # gathering (see the module docstring): requests the window waits for, learned from the last
-        # one (bulk requests within gather_s of its first arrival), and that first arrival while
-        # submit() may still count late ones into it
+        # one (bulk requests within gather_s of its first arrival or while its batch runs), that
+        # first arrival while submit() may still count late ones into it, and whether its batch runs
         self._group = max_batch_size if gather_s > 0 else 1
         self._window_start: float | None = None
+        self._window_batch_running = False
         self._idle_since = -math.inf  # clock() when the last batch ended
         self._stopping = False
         self._cond = threading.Condition()
@@ -180,8 +184,8 @@ class Scheduler:
                     f"({self._ahead(urgent)} queued ahead of it), more than the {self.bound_s:g} s bound allows "
                     f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry, urgent)
             if not urgent and self._window_start is not None:
-                if now - self._window_start <= self.gather_s:  # sent with the last window's, arrived late
-                    self._group += 1
+                if now - self._window_start <= self.gather_s or self._window_batch_running:
+                    self._group = min(self._group + 1, self.max_batch_size)  # sent with the last window's, late
                 else:
                     self._window_start = None
             self._lanes[urgent].append(Ticket(item, urgent, now, rows, prefix))
@@ -269,18 +273,20 @@ class Scheduler:
             late = ticket.waited + expected > self.planned_s and ticket.waited > BACKSTOP_GRACE * self.bound_s
             (overdue if late else batch).append(ticket)
         self._running = (now, len(batch)) if batch else None
+        self._window_batch_running = self._window_batch_running and bool(batch)
         return batch, overdue
 
     def _learn_from_gathering(self, picked: list[Ticket]) -> None:
         """Under the lock, as a bulk batch that an idle engine starts is formed (one of requests that
         queued behind a batch, or an urgent one, which never gathers, says nothing about groups):
         the bulk requests within gather_s of its first are the group the next window waits for;
-        submit() adds those that arrive later within it."""
+        submit() adds those that arrive later within it or while the batch formed now runs."""
         first = picked[0]
         if first.urgent or first.arrived < self._idle_since:
             return
         self._group = sum(1 for t in self._lanes[False] if t.arrived - first.arrived <= self.gather_s)
         self._window_start = first.arrived
+        self._window_batch_running = True  # until _serve() ends the batch formed now
 
     def _serve(self) -> None:
         while True:
@@ -310,4 +316,5 @@ class Scheduler:
                                                 (1 - EWMA_WEIGHT) * self.seconds_per_request
                                                 + EWMA_WEIGHT * per_request)
                     self._running = None
+                    self._window_batch_running = False
                     self._idle_since = self.clock()
