@@ -107,8 +107,9 @@ class ForestRunner:
             past = list(zip(k.unbind(0), v.unbind(0)))
         chunks = self._chunks(list(range(len(forest.cached_entries), len(segments))), segments)
         hidden = []
-        for chunk in chunks:
-            h, past = self.model.run(forest, chunk, past)
+        for n, chunk in enumerate(chunks):
+            keep_kv = cache is not None or n + 1 < len(chunks)  # K/V for the cache or the next chunk
+            h, past = self.model.run(forest, chunk, past, keep_kv)
             hidden.append(h)
         forest.stats.chunks = len(chunks)
         forest.stats.max_chunk_rows = max(sum(segments[i].length for i in c) for c in chunks)

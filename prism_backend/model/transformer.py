@@ -93,7 +93,10 @@ class ForestTransformer:
         q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
         q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
-        v = v.reshape(-1, s.num_kv_heads, s.head_dim)
+        # v in its own storage (the attention kernels copied it so anyway): as a view it would keep
+        # qkv's whole (n, q_dim + 2 kv_dim) output alive while run() holds every layer's K/V -- at
+        # 1,866 rows 7 MB a layer, 200 MB of a replica's resident memory for nothing
+        v = v.reshape(-1, s.num_kv_heads, s.head_dim).contiguous()
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k, v = _extend(past, k, v)  # (rows so far, Hkv, D)
         attn = attention.rows(q, k, v)  # (n, Hq, D)
@@ -106,7 +109,8 @@ class ForestTransformer:
         x = rms_norm(h, lw.input_norm, s.rms_norm_eps)
         k, v = p.kv(x).split([s.kv_dim, s.kv_dim], dim=-1)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
-        k, v = _extend(past, apply_rotary(k, cos, sin), v.reshape(-1, s.num_kv_heads, s.head_dim))
+        v = v.reshape(-1, s.num_kv_heads, s.head_dim).contiguous()  # not a view of kv's output (_layer)
+        k, v = _extend(past, apply_rotary(k, cos, sin), v)
         if answers.numel() == 0:  # a prefill chunk without questions: only its K/V is needed
             return h[:0], k, v
         q = p.q(x[answers])
@@ -117,12 +121,13 @@ class ForestTransformer:
         return self._mlp_block(h, lw, p), k, v
 
     @torch.inference_mode()
-    def run(self, forest: Forest, computed: list[int], past: list | None = None):
+    def run(self, forest: Forest, computed: list[int], past: list | None = None, keep_kv: bool = True):
         """Compute the segments `computed` (contiguous rows [a, b), parents before children) given
         `past`, the K/V of rows [0, a) per layer ((a, Hkv, D) pairs; None when a = 0).
 
         Returns (final-normed hidden states of the answer rows of the branches among `computed`,
-        (A, H), in segment order; K/V of rows [0, b) per layer).
+        (A, H), in segment order; K/V of rows [0, b) per layer, or None without keep_kv: then each
+        layer's K/V is freed as the next layer starts instead of held to the end).
         """
         segs = forest.segments
         a = segs[computed[0]].start
@@ -133,21 +138,23 @@ class ForestTransformer:
                                     self.integer_attention)
         h = self.w.embed[forest.token_ids[a:b]]  # (b - a, H)
         cos, sin = self.rotary(forest.positions[a:b])
-        kv = []
+        kv = [] if keep_kv else None
         full = len(self.w.layers) if self.every_row else len(self.w.layers) - 1
         for i, (lw, p) in enumerate(zip(self.w.layers[:full], self.proj[:full])):
             h, k, v = self._layer(h, lw, p, attention, cos, sin, past[i] if past else None)
-            kv.append((k, v))
+            if keep_kv:
+                kv.append((k, v))
         if self.every_row:
             return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps), kv
         h, k, v = self._last_layer(h, self.w.layers[-1], self.proj[-1], attention, answers, cos, sin,
                                    past[-1] if past else None)
-        kv.append((k, v))
+        if keep_kv:
+            kv.append((k, v))
         return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps), kv
 
     def answer_hidden(self, forest: Forest) -> torch.Tensor:
         """The whole forest in one pass, nothing cached: final-normed answer states (A, H)."""
-        hidden, _ = self.run(forest, list(range(len(forest.segments))))
+        hidden, _ = self.run(forest, list(range(len(forest.segments))), keep_kv=False)
         return hidden
 
 
