@@ -128,3 +128,33 @@ def test_an_edited_kernel_source_changes_the_key(tiny_model_dir, tmp_path, monke
     python = kernels / "cpu" / "rowwise.py"
     python.write_text(python.read_text() + "\n# edited\n")
     assert calibration.cache_key(model_dir) not in (before, edited)
+
+
+def mapped_spans(path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of `path`."""
+    with open("/proc/self/maps") as maps:
+        return [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in maps if line.rstrip().endswith(str(path))]
+
+
+def test_the_rotated_embedding_and_head_are_mapped_from_the_cache(tiny_model_dir, cache, monkeypatch):
+    """int8 (rotated): the embedding and the LM head are views of the cache's stored copy, mapped
+    rather than held in memory, and a second engine maps the same file; with the cache off they
+    stay in memory. The same bits every way."""
+    config = EngineConfig(model_dir=tiny_model_dir("llama_tied"), prefix_cache_bytes=0)
+    mapped, again = DecisionEngine(config), DecisionEngine(config)
+    (rows_file,) = cache.glob("*-rows.safetensors")
+    spans = mapped_spans(rows_file)
+
+    def in_file(t):
+        return any(start <= t.data_ptr() < end for start, end in spans)
+
+    assert all(in_file(t) for e in (mapped, again) for t in (e.runner.model.w.embed, e.lm_head))
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", "off")
+    in_memory = DecisionEngine(config)
+    assert not any(in_file(t) for t in (in_memory.runner.model.w.embed, in_memory.lm_head))
+    requests = synthetic_requests(mapped.spec.vocab_size)
+
+    def bits(engine):
+        return [[s.probabilities.tobytes() for s in r] for r in engine.score(requests)[0]]
+
+    assert bits(mapped) == bits(in_memory) == bits(again)

@@ -173,7 +173,7 @@ def _integers_from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict]:
 # ---- the cache -----------------------------------------------------------------------------------
 PACKAGE_ROOT = Path(prism_backend.__file__).resolve().parent
 OFF = "off"
-SMOOTHING, GPTQ = "", "-gptq"  # what an entry holds, as its file name's suffix
+SMOOTHING, GPTQ, ROWS = "", "-gptq", "-rows"  # what an entry holds, as its file name's suffix
 
 
 def cache_dir() -> Path | None:
@@ -243,6 +243,36 @@ def load(path: Path | None, raw: bool = False):
         return tensors if raw else _from_tensors(tensors)
     except (OSError, SafetensorError, ValueError, KeyError):
         return None  # missing or damaged: calibrate again (and store a good copy)
+
+
+def mapped_rows(model_dir: Path, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`rows` -- the rotated embedding and LM head, (V, H) float32 each -- as views of their stored
+    copy mapped from the cache (stored first where it is missing), not held in memory: a replica
+    then has resident only the pages of the tokens it looks up and of the candidates it scores,
+    where in memory both matrices are resident in full (2 x 108 MiB for SmolLM2-135M), and the
+    instances and ranks on one machine share those pages. The same numbers: a stored copy is exact
+    (tests/test_memory.py). Without a cache, or where it cannot be written, `rows` as given."""
+    path = entry(model_dir, ROWS)
+    mapped = _mapped(path)
+    if mapped is None and store(path, rows, raw=True) is not None:
+        mapped = _mapped(path)
+    if mapped is None or any(name not in mapped or mapped[name].shape != t.shape or mapped[name].dtype != t.dtype
+                             for name, t in rows.items()):
+        return rows
+    return {name: mapped[name] for name in rows}
+
+
+def _mapped(path: Path | None) -> dict[str, torch.Tensor] | None:
+    """The tensors stored at `path` as views of one mapping of the file (safetensors' loader), or None."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if path is None:
+        return None
+    try:
+        return load_file(path)
+    except (OSError, SafetensorError, ValueError):
+        return None
 
 
 def store(path: Path | None, stats, raw: bool = False) -> Path | None:

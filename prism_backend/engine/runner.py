@@ -52,6 +52,8 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     mine = local_spec(spec, shard)
     if integers is not None:
         rotate(mine, weights, down_block(spec.intermediate_size))
+        rows = calibration.mapped_rows(config.model_dir, {"embed": weights.embed, "lm_head": weights.lm_head})
+        weights.embed, weights.lm_head = rows["embed"], rows["lm_head"]
         for i, (lw, layer) in enumerate(zip(weights.layers, shard_integers(integers, spec, shard))):
             lw.integers = {name: ints for name, ints in layer.items() if not config.keeps_exact(name, i)}
     if config.precision != "int8":
