@@ -251,7 +251,7 @@ def mapped_rows(model_dir: Path, rows: dict[str, torch.Tensor]) -> dict[str, tor
     then has resident only the pages of the tokens it looks up and of the candidates it scores,
     where in memory both matrices are resident in full (2 x 108 MiB for SmolLM2-135M), and the
     instances and ranks on one machine share those pages. The same numbers: a stored copy is exact
-    (tests/test_memory.py). Without a cache, or where it cannot be written, `rows` as given."""
+    (tests/test_calibration_cache.py). Without a cache, or where it cannot be written, `rows` as given."""
     path = entry(model_dir, ROWS)
     mapped = _mapped(path)
     if mapped is None and store(path, rows, raw=True) is not None:
