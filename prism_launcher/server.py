@@ -43,6 +43,11 @@ MODEL_ENVIRONMENT = {
     # encode_many); Triton starts the stubs by exec, so no fork follows the tokenizer's threads
     "TOKENIZERS_PARALLELISM": "true",
     "MKL_CBWR": MKL_CBWR_ENV,  # thread-count-invariant sgemm from the start (prism_backend/reproducibility.py)
+    # glibc gives each thread that allocates under contention an arena of its own, and each keeps
+    # what a batch freed: ~10 arenas of 25-52 MiB in the decision stub after the side by side's load.
+    # Two: one replica 1.14-1.20 GiB after that load in four runs against 1.22-1.23 in three,
+    # requests/s at 1 / 4 / 8 callers unchanged (docs/results.md, "Memory of one replica")
+    "MALLOC_ARENA_MAX": "2",
 }
 
 

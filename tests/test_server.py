@@ -11,7 +11,8 @@ import pytest
 
 from prism_client.client import PrismClient, PrismError
 
-from helpers import REPO_ROOT, SAMPLE_TICKET, metric, scrape
+from helpers import REPO_ROOT, SAMPLE_TICKET, metric, processes_with, scrape
+from prism_launcher.server import MODEL_ENVIRONMENT
 
 TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
 
@@ -192,3 +193,16 @@ def test_perf_analyzer_runs_against_the_ensemble(server):
 
     result = run_perf(f"localhost:{server.options.http_port}", CONFIGS / "unshared.json", concurrency=1, request_count=6)
     assert result["throughput"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
+
+
+def test_the_models_run_in_the_model_environment(server):
+    """Every step's stub has the launcher's model environment (the tokenizer's threads, MKL's
+    reproducible sgemm, glibc's arena limit): Triton starts the stubs with the server's."""
+    for model in ("prism_tokenizer", "prism_decision", "prism_postprocess"):
+        pids = processes_with(f"{model}/1/model.py".encode())
+        assert pids, model
+        for pid in pids:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environment = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            for name, value in MODEL_ENVIRONMENT.items():
+                assert environment.get(name.encode()) == value.encode(), (model, name)
