@@ -20,7 +20,7 @@ import argparse
 import datetime
 
 import psutil
-from side_by_side import THREADS, prism_batch_sender, throughput, throughput_tickets, workload_a, workload_b, workload_c
+from side_by_side import THREADS, prism_batch_sender, throughput, throughput_tickets, workload_makers
 from workloads import OTHER_TICKETS, write_result
 
 from kernels.cpu.features import machine
@@ -51,7 +51,7 @@ def main() -> None:
     extra = {"prefix_cache_bytes": "0", "num_threads": str(THREADS)} if load else {}
     options = ServerOptions(precision=args.precision, http_port=free_port(), grpc_port=free_port(),
                             metrics_port=free_port(), model_dir=DEFAULT_MODEL_DIR, extra_parameters=extra,
-                            **({"max_queue_wait_s": 600} if load else {}))
+                            max_queue_wait_s=600 if load else None)  # side_by_side.py admits every request
     with TritonServer(options) as server:
         client = PrismClient(f"localhost:{options.http_port}")
         for ticket in OTHER_TICKETS[: args.tickets]:
@@ -76,8 +76,7 @@ def side_by_side_load(http_port: int) -> None:
     """Six batches of each of side_by_side.py's workloads, then its throughput callers (1, 4, 8)."""
     send = prism_batch_sender(http_port)
     ticket = iter(range(7 * 10**5, 8 * 10**5))  # apart from the other benches' ticket numbers
-    workloads = [workload_a, workload_b] + [lambda n, f=f: workload_c(n, f) for f in (0.0, 0.25, 0.5, 0.75, 0.95)]
-    for make in workloads:
+    for make in workload_makers().values():
         for _ in range(6):
             send(make(next(ticket)))
     for concurrency in (1, 4, 8):

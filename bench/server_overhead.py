@@ -22,7 +22,7 @@ import urllib.request
 
 import torch
 
-from side_by_side import THREADS, prism_batch_sender, workload_a, workload_b, workload_c
+from side_by_side import THREADS, prism_batch_sender, workload_makers
 from workloads import write_result
 
 from kernels.cpu.features import machine
@@ -58,9 +58,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8, help="timed rounds per workload (+1 warm-up)")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
-    workloads = {"a: 1 ticket x 3 questions": workload_a, "b: 3 tickets x 1 question": workload_b}
-    for f in (0.0, 0.25, 0.5, 0.75, 0.95):
-        workloads[f"c: shared {int(100 * f)}%"] = lambda n, f=f: workload_c(n, f)
+    workloads = workload_makers()
     ticket = iter(range(FIRST_TICKET, FIRST_TICKET + 10**5))
     options = ServerOptions(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                             max_queue_wait_s=600,

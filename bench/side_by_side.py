@@ -79,6 +79,17 @@ def workload_c(n: int, shared_fraction: float, length_words: int = 400) -> list[
     return out
 
 
+SHARED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.95)  # the (c) sweep
+
+
+def workload_makers(fractions=SHARED_FRACTIONS) -> dict:
+    """name -> make(ticket number) -> batch: (a), (b) and the (c) sweep at `fractions`."""
+    makers = {"a: 1 ticket x 3 questions": workload_a, "b: 3 tickets x 1 question": workload_b}
+    for f in fractions:
+        makers[f"c: shared {int(100 * f)}%"] = lambda n, f=f: workload_c(n, f)
+    return makers
+
+
 def timed(fn, batches) -> list[float]:
     fn(batches[0])  # warm-up on its own ticket
     times = []
@@ -276,18 +287,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     reps = 2 if args.quick else args.repeats
-    fractions = [0.0, 0.5, 0.95] if args.quick else [0.0, 0.25, 0.5, 0.75, 0.95]
+    fractions = [0.0, 0.5, 0.95] if args.quick else list(SHARED_FRACTIONS)
     concurrency = [1, 4, 8]
     vllm = not args.no_vllm and VLLM_PYTHON.exists()
     RESULTS.mkdir(exist_ok=True)
     ticket = iter(range(1, 10**6))  # every batch gets its own ticket number
 
-    def batches(make, *extra):
-        return [make(next(ticket), *extra) for _ in range(reps + 1)]
-
-    workloads = {"a: 1 ticket x 3 questions": batches(workload_a), "b: 3 tickets x 1 question": batches(workload_b)}
-    for f in fractions:
-        workloads[f"c: shared {int(100 * f)}%"] = batches(workload_c, f)
+    workloads = {name: [make(next(ticket)) for _ in range(reps + 1)]
+                 for name, make in workload_makers(fractions).items()}
     ids = PromptIds(args.model_dir)
     prompts = {w: [ids(b) for b in bs] for w, bs in workloads.items()}
     times: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}

@@ -133,7 +133,8 @@ def test_an_edited_kernel_source_changes_the_key(tiny_model_dir, tmp_path, monke
 def mapped_spans(path) -> list[tuple[int, int]]:
     """Address ranges of this process's mappings of `path`."""
     with open("/proc/self/maps") as maps:
-        return [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in maps if line.rstrip().endswith(str(path))]
+        return [tuple(int(x, 16) for x in line.split()[0].split("-"))
+                for line in maps if line.rstrip().endswith(str(path))]
 
 
 def test_the_rotated_embedding_and_head_are_mapped_from_the_cache(tiny_model_dir, cache, monkeypatch):

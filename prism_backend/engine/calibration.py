@@ -231,18 +231,16 @@ def entry(model_dir: Path, kind: str = SMOOTHING) -> Path | None:
 def load(path: Path | None, raw: bool = False):
     """The statistics stored at `path` (entry()) -- or with `raw` the tensors as stored -- or None
     (no cache, a miss, an unreadable file)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if path is None:
-        return None
+    mapped = _mapped(path)
+    if mapped is None:
+        return None  # no cache, missing or damaged: calibrate again (and store a good copy)
+    # copies: the mapped tensors view one mapping of the whole file, which any one of them kept would
+    # keep mapped, with every page building read resident (71 of its 102 MiB in a replica)
+    tensors = {name: tensor.clone() for name, tensor in mapped.items()}
     try:
-        # copies: load_file's tensors view a mapping of the whole file, which any one of them kept
-        # would keep mapped, with every page building read resident (71 of its 102 MiB in a replica)
-        tensors = {name: tensor.clone() for name, tensor in load_file(path).items()}
         return tensors if raw else _from_tensors(tensors)
-    except (OSError, SafetensorError, ValueError, KeyError):
-        return None  # missing or damaged: calibrate again (and store a good copy)
+    except (ValueError, KeyError):
+        return None  # not the layout this code stores: calibrate again
 
 
 def mapped_rows(model_dir: Path, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
