@@ -1,7 +1,9 @@
-"""The Triton-lang kernels (kernels/triton/) against their torch references, run through Triton's
-interpreter on CPU (conftest sets TRITON_INTERPRET=1 when no GPU is present), and the engine's
-dispatch to them."""
+"""The Triton-lang kernels (kernels/triton/) against their torch references, on a CUDA device where
+there is one, else through Triton's interpreter on CPU (conftest sets TRITON_INTERPRET=1 when no GPU
+is present), and the engine's dispatch to them."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -16,8 +18,21 @@ from prism_backend.forest import EncodedRequest
 from prism_backend.model.attention import ForestAttention, _sdpa, answer_attention
 
 
+# Where the kernels' operands live: the GPU when there is one (the kernels compiled for it), else
+# CPU tensors for the interpreter. Inputs are drawn on CPU (the same numbers everywhere) and moved.
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+def _on(*tensors):
+    return tuple(t.to(DEVICE) for t in tensors)
+
+
 def _int8(shape, gen):
-    return torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen)
+    return torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen).to(DEVICE)
+
+
+def _rand(*shape, gen):
+    return torch.rand(*shape, generator=gen).to(DEVICE)
 
 
 # ---------------------------------------------------------------------------------------- INT8 GEMM
@@ -27,8 +42,8 @@ def test_int8_gemm_int32_is_exact(m, k, n):
     gen = torch.Generator().manual_seed(m * k + n)
     x, w = _int8((m, k), gen), _int8((k, n), gen)
     acc = int8_gemm(x, w)
-    assert acc.dtype == torch.int32
-    assert torch.equal(acc.long(), x.long() @ w.long())  # int64 reference
+    assert acc.dtype == torch.int32 and acc.device == x.device
+    assert torch.equal(acc.cpu().long(), x.cpu().long() @ w.cpu().long())  # int64 reference (CPU only)
 
 
 @pytest.mark.parametrize("passes", [1, 2, 3])
@@ -38,16 +53,16 @@ def test_int8_gemm_dequantised_equals_torch_reference(passes, bias, w_res):
     gen = torch.Generator().manual_seed(passes + 10 * bias + 100 * w_res)
     m, k, n = 37, 150, 90
     x, w = _int8((passes * m, k), gen), _int8((k, n), gen)
-    x_scale = torch.rand(passes * m, 1, generator=gen) / 100 + 1e-4
-    w_scale = torch.rand(n, generator=gen) / 100
-    b = torch.randn(n, generator=gen) if bias else None
-    res = (_int8((k, n), gen), torch.rand(n, generator=gen) / 1e4) if w_res else (None, None)
+    x_scale = _rand(passes * m, 1, gen=gen) / 100 + 1e-4
+    w_scale = _rand(n, gen=gen) / 100
+    b = torch.randn(n, generator=gen).to(DEVICE) if bias else None
+    res = (_int8((k, n), gen), _rand(n, gen=gen) / 1e4) if w_res else (None, None)
     out = int8_gemm(x, w, x_scale, w_scale, b, passes, *res)
     assert out.dtype == torch.float32 and out.shape == (m, n)
     assert torch.equal(out, int8_gemm_reference(x, w, x_scale, w_scale, b, passes, *res))
     if w_res:  # the residual term is really there, and multiplies the first pass only
         plain = int8_gemm_reference(x, w, x_scale, w_scale, None, passes)
-        term = (x[:m].long() @ res[0].long()).float() * x_scale[:m] * res[1]
+        term = (x[:m].cpu().long() @ res[0].cpu().long()).float().to(DEVICE) * x_scale[:m] * res[1]
         torch.testing.assert_close(out - (b if bias else 0) - plain, term, atol=1e-5, rtol=1e-3)
 
 
@@ -55,10 +70,10 @@ def test_int8_gemm_dequantised_equals_torch_reference(passes, bias, w_res):
 def test_int8_gemm_rows_do_not_depend_on_the_batch(w_res):
     gen = torch.Generator().manual_seed(3)
     x, w = _int8((2 * 50, 72), gen), _int8((72, 40), gen)
-    xs, ws = torch.rand(2 * 50, generator=gen), torch.rand(40, generator=gen)
-    res = (_int8((72, 40), gen), torch.rand(40, generator=gen) / 100) if w_res else (None, None)
+    xs, ws = _rand(2 * 50, gen=gen), _rand(40, gen=gen)
+    res = (_int8((72, 40), gen), _rand(40, gen=gen) / 100) if w_res else (None, None)
     full = int8_gemm(x, w, xs, ws, None, 2, *res)
-    rows = torch.cat([torch.arange(20, 23), torch.arange(70, 73)])  # rows 20..22 of both passes
+    rows = torch.cat([torch.arange(20, 23), torch.arange(70, 73)]).to(DEVICE)  # rows 20..22 of both passes
     part = int8_gemm(x[rows].contiguous(), w, xs[rows], ws, None, 2, *res)
     assert torch.equal(full[20:23], part)
 
@@ -93,10 +108,10 @@ NO_TRUNK = [(0, 6, -1), (6, 1, 0), (7, 4, 0)]  # branches straight on the root (
 FORESTS = {"one_tree": ONE_TREE, "many_trees": MANY_TREES, "long_trunk": LONG_TRUNK, "no_trunk": NO_TRUNK}
 
 
-def _qkv(n, hq, hkv, d, seed=0):
+def _qkv(n, hq, hkv, d, seed=0, device=DEVICE):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, hq, d, generator=gen), torch.randn(n, hkv, d, generator=gen),
-            torch.randn(n, hkv, d, generator=gen))
+    q, k, v = (torch.randn(n, heads, d, generator=gen) for heads in (hq, hkv, hkv))
+    return q.to(device), k.to(device), v.to(device)
 
 
 def _rows(segments):
@@ -108,7 +123,7 @@ def _rows(segments):
 def test_tree_attention_matches_reference(name, hq, hkv, d):
     segments = FORESTS[name]
     q, k, v = _qkv(_rows(segments), hq, hkv, d)
-    layout = build_layout(segments)
+    layout = build_layout(segments).to(DEVICE)
     out = tree_attention(q, k, v, layout)
     torch.testing.assert_close(out, tree_attention_reference(q, k, v, layout), atol=1e-5, rtol=0)
 
@@ -138,7 +153,7 @@ def test_cpu_forest_attention_is_per_segment_sdpa_bit_for_bit():
     a = EncodedRequest((1, 2, 3), tuple(range(10, 40)), ((5, 6), (7,), (8, 9, 4)), ((0, 1),) * 3)
     c = EncodedRequest((9,), (60, 61), ((5, 6, 7),), ((0, 1),))
     forest = build_forest([a, c])
-    q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=3)
+    q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=3, device="cpu")  # the CPU path's own test
     attention = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device, 16)
     expected = torch.cat([_sdpa(q[s.start : s.start + s.length], k[s.key_rows], v[s.key_rows], s.prefix_length, True)
                           for s in forest.segments])
@@ -159,15 +174,16 @@ def test_tree_attention_matches_the_engines_torch_path():
     forest = build_forest([a, b, c])
     tuples = [(s.start, s.length, s.parent) for s in forest.segments]
     q, k, v = _qkv(len(forest.token_ids), 6, 2, 16, seed=5)
-    out = tree_attention(q, k, v, build_layout(tuples))
-    torch_path = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", q.device, 16)
-    torch.testing.assert_close(out, torch_path.rows(q, k, v), atol=1e-5, rtol=0)
+    out = tree_attention(q, k, v, build_layout(tuples).to(DEVICE))
+    cq, ck, cv = q.cpu(), k.cpu(), v.cpu()  # the engine's torch path runs on CPU tensors
+    torch_path = ForestAttention(forest.segments, list(range(len(forest.segments))), [], "torch", cq.device, 16)
+    torch.testing.assert_close(out.cpu(), torch_path.rows(cq, ck, cv), atol=1e-5, rtol=0)
 
     branches = [s for s in forest.segments if s.is_branch]
     queries = [(forest.segments.index(s), s.length - 1) for s in branches]
     qa = q[forest.answer_rows]
-    answers = tree_attention(qa, k, v, build_layout(tuples, queries))
-    torch.testing.assert_close(answers, answer_attention(qa, k, v, branches), atol=1e-5, rtol=0)
+    answers = tree_attention(qa, k, v, build_layout(tuples, queries).to(DEVICE))
+    torch.testing.assert_close(answers.cpu(), answer_attention(qa.cpu(), ck, cv, branches), atol=1e-5, rtol=0)
     # answer-only == the same rows of all-rows: bit for bit on a GPU, where tl.dot reduces each output
     # element the same way wherever its row sits in the tile. The CPU interpreter runs tl.dot as a numpy
     # matmul, whose BLAS (OpenBLAS on AVX2 EPYCs) may round a row differently by its place in the tile.
@@ -188,7 +204,7 @@ def test_tree_attention_is_batch_invariant():
     tree = ONE_TREE
     n = _rows(tree)
     q, k, v = _qkv(n, hq, hkv, d, seed=1)
-    alone = tree_attention(q, k, v, build_layout(tree))
+    alone = tree_attention(q, k, v, build_layout(tree).to(DEVICE))
 
     other = LONG_TRUNK
     m = _rows(other)
@@ -196,14 +212,14 @@ def test_tree_attention_is_batch_invariant():
     packed = other + _shift(tree, m, len(other)) + _shift(NO_TRUNK, m + n, len(other) + len(tree))
     nq, nk, nv = _qkv(_rows(NO_TRUNK), hq, hkv, d, seed=3)
     out = tree_attention(torch.cat([oq, q, nq]), torch.cat([ok, k, nk]), torch.cat([ov, v, nv]),
-                         build_layout(packed))
+                         build_layout(packed).to(DEVICE))
     assert torch.equal(out[m : m + n], alone)
 
     # A second request with the same root and trunk but another branch: the root's and trunk's
     # query blocks now mix both requests' rows; the first request's bits must not move.
     sq, sk, sv = _qkv(4, hq, hkv, d, seed=4)
     both = tree + [(n, 4, 1)]
-    out2 = tree_attention(torch.cat([q, sq]), torch.cat([k, sk]), torch.cat([v, sv]), build_layout(both))
+    out2 = tree_attention(torch.cat([q, sq]), torch.cat([k, sk]), torch.cat([v, sv]), build_layout(both).to(DEVICE))
     assert torch.equal(out2[:n], alone)
 
 
@@ -217,7 +233,7 @@ def test_tree_attention_reads_a_shared_prefix_once():
 
 
 def test_tree_attention_launcher_names_the_problem():
-    layout = build_layout(ONE_TREE)
+    layout = build_layout(ONE_TREE).to(DEVICE)
     q, k, v = _qkv(_rows(ONE_TREE), 6, 4, 16)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         tree_attention(q, k, v, layout)
@@ -230,6 +246,8 @@ def test_tree_attention_launcher_names_the_problem():
 
 # ------------------------------------------------------------------------------------- dispatch
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the engine's model lives on CPU tensors, which the compiled kernels "
+                    "cannot read: kernels='triton' there runs through the interpreter (TRITON_INTERPRET=1, as CI runs it)")
 def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
     """kernels='triton' runs the engine through the kernels (interpreted on CPU) and agrees with
     the torch path; kernels='torch' never calls them."""
@@ -287,6 +305,8 @@ def test_kernels_config_is_validated(tmp_path, monkeypatch):
             EngineConfig(model_dir=tmp_path, kernels="triton")
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the kernels are compiled for it and this file's other tests "
+                    "run them there; `python -m kernels.triton.gpu_check` is that machine's own check")
 def test_gpu_check_script_runs_through_the_interpreter(capsys):
     """kernels/triton/gpu_check.py is only timed on a GPU; its checks are kept working here at small sizes."""
     from kernels.triton.gpu_check import main

@@ -153,8 +153,17 @@ def int8_gemm_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Ten
     """The same computation in torch, the kernel's test oracle: `torch._int_mm` is exact, then the
     same epilogue in the same order. (Prism's CPU path computes the same integers by its own exact
     routes, model/exact_matmul.py, and dequantises in float64.)"""
-    acc_res = None if w_res is None else torch._int_mm(x_q[: x_q.shape[0] // passes], w_res)
-    return dequantize(torch._int_mm(x_q, w_q), x_scale, w_scale, bias, passes, acc_res, w_res_scale)
+    acc_res = None if w_res is None else _int_mm(x_q[: x_q.shape[0] // passes], w_res)
+    return dequantize(_int_mm(x_q, w_q), x_scale, w_scale, bias, passes, acc_res, w_res_scale)
+
+
+def _int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`torch._int_mm`, exact on any shape: its CUDA form takes only more than 16 rows and inner and
+    outer sizes that are multiples of 8; other shapes are multiplied on the CPU (the oracle's
+    speed matters only where gpu_check times it, at shapes CUDA takes)."""
+    if a.is_cuda and not (a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0):
+        return torch._int_mm(a.cpu(), b.cpu()).to(a.device)
+    return torch._int_mm(a, b)
 
 
 def dequantize(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,

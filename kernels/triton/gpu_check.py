@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list = []
     tokens = 64 + args.trunk + args.branches * 32
     for m, n, passes, residual in ((tokens, qkv_out, 1, False), (tokens, qkv_out, 2, False),
-                                   (tokens, qkv_out, 2, True), (16, qkv_out, 2, True)):
+                                   (tokens, qkv_out, 2, True), (24, qkv_out, 2, True)):
         check_gemm(m, args.hidden, n, passes, args.device, rows, residual)
     check_attention(args.heads, args.kv_heads, head_dim, 64, args.trunk, args.branches, 32, args.device, rows)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (Triton interpreter)"

@@ -218,7 +218,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Tr
     out = torch.empty((slots, heads, dim), device=q.device)
     if slots == 0:
         return out
-    block_d = triton.next_power_of_2(dim)
+    block_d = max(16, triton.next_power_of_2(dim))  # tl.dot's inner size is at least 16 on a GPU
     launch = {} if q.device.type == "cpu" else {"enable_fp_fusion": False}
     _segment_partial_kernel[(layout.block_item.numel(), heads)](
         q, k, v, m, l, acc,
