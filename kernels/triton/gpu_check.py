@@ -97,6 +97,49 @@ def check_attention(heads: int, kv_heads: int, head_dim: int, root: int, trunk: 
                  f"{kernel_ms:.3f}", f"{torch_ms:.3f}", f"{torch_ms / kernel_ms:.2f}x", ""))
 
 
+GEMM_TILES = [(32, 64, 64, 4, None), (64, 128, 64, 4, 3), (128, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+              (128, 256, 64, 8, 3), (128, 128, 128, 8, 3), (64, 64, 128, 4, 4), (256, 128, 64, 8, 3)]
+ATTENTION_TILES = [(16, 32, 4), (16, 64, 4), (32, 32, 4), (32, 64, 4), (64, 32, 4), (64, 64, 4), (64, 64, 8),
+                   (128, 32, 8), (128, 64, 8)]
+
+
+def tune(hidden: int, heads: int, kv_heads: int, trunk: int, branches: int, device: str) -> None:
+    """Times the kernels' tile shapes (block_m, block_n, block_k / warps / stages) at one model's
+    sizes and prints one table: how their defaults were chosen."""
+    head_dim, gen = hidden // heads, torch.Generator(device=device).manual_seed(2)
+    n = hidden + 2 * kv_heads * head_dim
+    print(f"| kernel at hidden {hidden}, {heads}/{kv_heads} heads, trunk {trunk} | tile | ms | correct |\n|---|---|---|---|")
+    for m in (64 + trunk + branches * 32, 24):
+        x = torch.randint(-127, 128, (2 * m, hidden), dtype=torch.int8, device=device, generator=gen)
+        w, r = (torch.randint(-127, 128, (hidden, n), dtype=torch.int8, device=device, generator=gen) for _ in "wr")
+        xs, ws, rs = torch.rand(2 * m, device=device, generator=gen), torch.rand(n, device=device, generator=gen), \
+            torch.rand(n, device=device, generator=gen) / 1e4
+        ref = int8_gemm_reference(x, w, xs, ws, None, 2, r, rs)
+        for bm, bn, bk, warps, stages in GEMM_TILES:
+            tile = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+            try:
+                same = torch.equal(int8_gemm(x, w, xs, ws, None, 2, r, rs, **tile), ref)
+                ms = _time_ms(lambda: int8_gemm(x, w, xs, ws, None, 2, r, rs, **tile), device)
+            except Exception as e:  # noqa: BLE001 -- a tile the compiler refuses is a row of the table
+                print(f"| int8 GEMM {m} rows, 2 passes + residual | {tile} | - | {type(e).__name__} |")
+                continue
+            print(f"| int8 GEMM {m} rows, 2 passes + residual | {bm}x{bn}x{bk} w{warps} s{stages} | {ms:.3f} | {same} |")
+    segments = [(0, 64, -1), (64, trunk, 0)] + [(64 + trunk + b * 32, 32, 1) for b in range(branches)]
+    rows = 64 + trunk + branches * 32
+    q = torch.randn(rows, heads, head_dim, device=device, generator=gen)
+    k, v = (torch.randn(rows, kv_heads, head_dim, device=device, generator=gen) for _ in "kv")
+    ref = tree_attention_reference(q, k, v, build_layout(segments).to(device))
+    for bm, bn, warps in ATTENTION_TILES:
+        layout = build_layout(segments, block_m=bm).to(device)
+        try:
+            diff = (tree_attention(q, k, v, layout, block_n=bn, num_warps=warps) - ref).abs().max().item()
+            ms = _time_ms(lambda: tree_attention(q, k, v, layout, block_n=bn, num_warps=warps), device)
+        except Exception as e:  # noqa: BLE001
+            print(f"| tree attention | {bm}x{bn} w{warps} | - | {type(e).__name__}: {str(e)[:80]} |")
+            continue
+        print(f"| tree attention | {bm}x{bn} w{warps} | {ms:.3f} | max diff {diff:.1e} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=5120)
@@ -105,10 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trunk", type=int, default=4096)
     parser.add_argument("--branches", type=int, default=3)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tune", action="store_true", help="time the kernels' tile shapes instead")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: the GPU check has not run (the kernels are tested on CPU under TRITON_INTERPRET=1)")
         return 2
+    if args.tune:
+        tune(args.hidden, args.heads, args.kv_heads, args.trunk, args.branches, args.device)
+        return 0
     head_dim = args.hidden // args.heads
     qkv_out = args.hidden + 2 * args.kv_heads * head_dim
     rows: list = []

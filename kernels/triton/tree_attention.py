@@ -208,7 +208,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout,
-                   block_n: int = 32) -> torch.Tensor:
+                   block_n: int = 64, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
     """q: (Nq, Hq, D); k, v: (N, Hkv, D) float32 -> (layout.num_slots, Hq, D)."""
     _check(q, k, v, layout)
     slots, heads, dim = layout.num_slots, q.shape[1], q.shape[2]
@@ -219,7 +219,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Tr
     if slots == 0:
         return out
     block_d = max(16, triton.next_power_of_2(dim))  # tl.dot's inner size is at least 16 on a GPU
-    launch = {} if q.device.type == "cpu" else {"enable_fp_fusion": False}
+    launch = {} if q.device.type == "cpu" else {"enable_fp_fusion": False, "num_warps": num_warps,
+                                                **({} if num_stages is None else {"num_stages": num_stages})}
     _segment_partial_kernel[(layout.block_item.numel(), heads)](
         q, k, v, m, l, acc,
         layout.block_item, layout.block_first, layout.block_count,
