@@ -6,6 +6,9 @@ VENV := .venv
 VLLM_VENV := .venv-vllm
 LLAMA_VENV := .venv-llama
 GGUF := .run/SmolLM2-135M-Instruct-Q8_0.gguf
+# llm-compressor (its own virtualenv) makes the W8A8 checkpoint vLLM's int8 path serves
+LLMC_VENV := .venv-llmc
+W8A8 := .run/SmolLM2-135M-Instruct-W8A8
 PY := $(VENV)/bin/python
 MODEL_DIR := .models/SmolLM2-135M-Instruct
 ARGS ?=
@@ -57,7 +60,7 @@ eval: setup
 # Side by side with the peers (bench/side_by_side.py) and the prefix-cache stream (bench/cache_bench.py);
 # vLLM's CPU build lives in its own virtualenv. The engine-only and perf_analyzer benchmarks:
 # bench/engine_bench.py, bench/run_perf.py.
-bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)/.deps-installed $(GGUF)
+bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)/.deps-installed $(GGUF) $(W8A8)
 	$(PY) bench/side_by_side.py $(ARGS)
 	$(PY) bench/cache_bench.py
 
@@ -80,6 +83,15 @@ $(LLAMA_VENV)/.deps-installed:
 
 $(GGUF): $(MODEL_DIR)/.prism-converted
 	$(PY) bench/llama_cpp_driver.py --convert $(MODEL_DIR) $@
+
+# torch pinned to the CPU build (unpinned, llm-compressor's requirement can pull a CUDA one)
+$(LLMC_VENV)/.deps-installed:
+	$(PYTHON) -m venv $(LLMC_VENV)
+	$(LLMC_VENV)/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 llmcompressor==0.14.0.1
+	touch $@
+
+$(W8A8): $(MODEL_DIR)/.prism-converted $(LLMC_VENV)/.deps-installed
+	$(PY) bench/w8a8_checkpoint.py $(MODEL_DIR) $@
 
 $(VENV)/.bench-installed: $(VENV)/.deps-installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"

@@ -9,6 +9,9 @@ Engines
   prism triton int8 / exact / fp32  the same through a real tritonserver over HTTP (PrismClient)
   HF generic fp32 / bf16       transformers, one forward per question, full-vocabulary softmax
   vLLM bf16 prefix on / off    vLLM's CPU build (.venv-vllm), candidate logprobs via logprob_token_ids
+  vLLM W8A8 prefix on          the same serving a compressed-tensors W8A8 checkpoint made by
+                               llm-compressor (SmoothQuant + GPTQ; bench/w8a8_checkpoint.py), where
+                               `make bench` could make one
   llama.cpp Q8_0               llama-cpp-python built for this CPU (.venv-llama), the checkpoint
                                converted to GGUF Q8_0, KV cache reused over each prompt's longest
                                common prefix with the previous one (bench/llama_cpp_driver.py)
@@ -16,6 +19,8 @@ Workloads
   (a) a new ~600-token ticket, 3 questions        (b) 3 unrelated tickets, 1 question each
   (c) 3 questions whose materials share 0-95% of a fixed length
   (d) requests/s at concurrency 1, 4, 8 against the Prism and vLLM servers
+  (e) the probability error on the eval subset (`--eval-limit` documents of each set) against Prism
+      fp32: Prism's int8 default beside vLLM bf16 and vLLM W8A8, on the same prompt tokens
 Every repeat uses a ticket no engine has seen (a numbered first line), so no cache can answer it.
 Also: peak memory of each engine, this machine's int8 and bf16 matmul peaks and the fraction of
 the int8 peak Prism reaches on (a). Writes bench/results/side_by_side.md and speedup_vs_shared.png.
@@ -40,6 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
 from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
+from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
 from kernels.cpu.features import machine  # noqa: E402
@@ -101,6 +107,7 @@ def timed(fn, batches) -> list[float]:
 
 
 LLAMA_LABEL = "llama.cpp Q8_0, KV prefix reuse"
+W8A8_LABEL = "vLLM W8A8 (llm-compressor) prefix on"
 EXACT_LABEL = "prism engine exact (13-bit)"
 
 
@@ -284,6 +291,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 repeats, 3 sweep points, no fp32 server: a smoke run")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--w8a8-dir", type=Path, default=DEFAULT_W8A8,
+                        help="the W8A8 checkpoint vLLM serves (skipped where absent)")
+    parser.add_argument("--eval-limit", type=int, default=16, help="(e): documents of each eval set")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     reps = 2 if args.quick else args.repeats
@@ -327,6 +337,12 @@ def main() -> None:
             for w, t in peer.items():
                 times[w][label] = t
             memory[label + " (offline engine)"] = out["rss_bytes"] / 2**30
+        if args.w8a8_dir.exists():
+            print(W8A8_LABEL, flush=True)
+            peer, out = peer_times(lambda calls: run_vllm(calls, True, args.w8a8_dir), workloads, prompts, reps)
+            for w, t in peer.items():
+                times[w][W8A8_LABEL] = t
+            memory[W8A8_LABEL + " (offline engine)"] = out["rss_bytes"] / 2**30
     if LLAMA_PYTHON.exists():
         label = LLAMA_LABEL
         print(label, flush=True)
@@ -391,12 +407,45 @@ def main() -> None:
         memory[f"prism engine {precision} (process peak)"] = peak_rss_of(engine_code.format(
             d=str(args.model_dir), p=precision, r=str(REGISTRY), t=SHARED_TICKET))
     peaks = matmul_peaks()
+    print("eval subset", flush=True)
+    accuracy = eval_subset(args.model_dir, args.eval_limit, vllm, args.w8a8_dir if vllm else None)
     write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
-                 startup)
+                 startup, accuracy)
+
+
+def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None) -> dict[str, dict[str, float]]:
+    """(e): every engine's probabilities for the first `limit` documents of each eval set, on the
+    prompt tokens Prism's fp32 run was given, against that fp32 -> per engine: accuracy against the
+    labels, agreement with fp32's choice, mean and max over decisions of max |p - p_fp32|."""
+    import numpy as np
+    from evals.run_eval import load, run_engine
+
+    docs = load(limit)
+    gold = [t["label"] for d in docs for t in d["tasks"]]
+    fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), docs, return_prompt_ids=True)
+    options = [list(d["probabilities"]) for d in fp32]
+    probs = {"Prism fp32": [list(d["probabilities"].values()) for d in fp32],
+             "Prism int8 (default)": [list(d["probabilities"].values())
+                                      for d in run_engine(EngineConfig(model_dir=model_dir), docs)]}
+    prompts = [(d["prompt_ids"], d["candidate_ids"]) for d in fp32]
+    if vllm:
+        probs["vLLM bf16"] = run_vllm([prompts], True, model_dir)["probabilities"]
+    if w8a8_dir is not None and w8a8_dir.exists():
+        probs[W8A8_LABEL.replace(" prefix on", "")] = run_vllm([prompts], True, w8a8_dir)["probabilities"]
+    reference = [np.array(p, np.float64) for p in probs["Prism fp32"]]
+    rows = {}
+    for name, ps in probs.items():
+        ps = [np.array(p, np.float64) for p in ps]
+        errors = [float(np.abs(p - r).max()) for p, r in zip(ps, reference)]
+        rows[name] = {"decisions": len(ps),
+                      "accuracy": float(np.mean([o[p.argmax()] == g for o, p, g in zip(options, ps, gold)])),
+                      "agreement": float(np.mean([p.argmax() == r.argmax() for p, r in zip(ps, reference)])),
+                      "mean_err": float(np.mean(errors)), "max_err": max(errors)}
+    return rows
 
 
 def write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps,
-                 forest_tokens: int, startup: dict[str, float]) -> None:
+                 forest_tokens: int, startup: dict[str, float], accuracy: dict[str, dict[str, float]]) -> None:
     base = "prism engine int8"
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
     lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {machine()}, {time.strftime('%Y-%m-%d')}.", "",
@@ -415,6 +464,12 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
               "|---|" + "---|" * len(concurrency)]
     for label, row in throughput_rows.items():
         lines.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
+    lines += ["", f"## (e) Probability error on the eval subset (the first {args.eval_limit} documents of each set; "
+              "the same prompt tokens for every engine)", "",
+              "Against Prism fp32 (the reference): err = max over a decision's options of |p - p_fp32|.", "",
+              "| engine | decisions | accuracy | agreement with fp32 | mean err | max err |", "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['decisions']} | {r['accuracy']:.3f} | {r['agreement']:.3f} | {r['mean_err']:.4f} | "
+              f"{r['max_err']:.4f} |" for name, r in accuracy.items()]
     lines += ["", "## Memory (GiB resident)", "", "| engine | GiB |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in memory.items()]
     lines += ["", "## Server startup to ready (s)", "", "| server | s |", "|---|---|"]
@@ -447,6 +502,9 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
         targets += [("(a) vs vLLM prefix caching on", med[a]["vLLM bf16 prefix on"] / med[a][base], 1.5),
                     ("(b) vs vLLM prefix caching on", med[b]["vLLM bf16 prefix on"] / med[b][base], 1.2),
                     ("(a) vs vLLM prefix caching off", med[a]["vLLM bf16 prefix off"] / med[a][base], 4.0)]
+    if W8A8_LABEL in med[a]:
+        targets += [("(a) vs vLLM W8A8 prefix caching on", med[a][W8A8_LABEL] / med[a][base], 1.0),
+                    ("(b) vs vLLM W8A8 prefix caching on", med[b][W8A8_LABEL] / med[b][base], 1.0)]
     if LLAMA_LABEL in med[a]:
         targets += [("(a) vs llama.cpp Q8_0", med[a][LLAMA_LABEL] / med[a][base], 2.0),
                     ("(b) vs llama.cpp Q8_0", med[b][LLAMA_LABEL] / med[b][base], 2.0)]
