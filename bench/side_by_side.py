@@ -413,10 +413,15 @@ def main() -> None:
                  startup, accuracy)
 
 
-def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None) -> dict[str, dict[str, float]]:
+PRISM_DEFAULT_PLAN = {"Prism int8 (default)": {}}
+
+
+def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None,
+                plans: dict[str, dict] = PRISM_DEFAULT_PLAN) -> dict[str, dict[str, float]]:
     """(e): every engine's probabilities for the first `limit` documents of each eval set, on the
     prompt tokens Prism's fp32 run was given, against that fp32 -> per engine: accuracy against the
-    labels, agreement with fp32's choice, mean and max over decisions of max |p - p_fp32|."""
+    labels, agreement with fp32's choice, mean and max over decisions of max |p - p_fp32|.
+    plans: Prism's engines besides fp32, label -> EngineConfig settings."""
     import numpy as np
     from evals.run_eval import load, run_engine
 
@@ -424,9 +429,10 @@ def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None) 
     gold = [t["label"] for d in docs for t in d["tasks"]]
     fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), docs, return_prompt_ids=True)
     options = [list(d["probabilities"]) for d in fp32]
-    probs = {"Prism fp32": [list(d["probabilities"].values()) for d in fp32],
-             "Prism int8 (default)": [list(d["probabilities"].values())
-                                      for d in run_engine(EngineConfig(model_dir=model_dir), docs)]}
+    probs = {"Prism fp32": [list(d["probabilities"].values()) for d in fp32]}
+    for label, settings in plans.items():
+        probs[label] = [list(d["probabilities"].values())
+                        for d in run_engine(EngineConfig(model_dir=model_dir, **settings), docs)]
     prompts = [(d["prompt_ids"], d["candidate_ids"]) for d in fp32]
     if vllm:
         probs["vLLM bf16"] = run_vllm([prompts], True, model_dir)["probabilities"]
@@ -442,6 +448,13 @@ def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None) 
                       "agreement": float(np.mean([p.argmax() == r.argmax() for p, r in zip(ps, reference)])),
                       "mean_err": float(np.mean(errors)), "max_err": max(errors)}
     return rows
+
+
+def accuracy_rows(accuracy: dict[str, dict[str, float]]) -> list[str]:
+    """(e)'s table: header and one row per engine."""
+    return ["| engine | decisions | accuracy | agreement with fp32 | mean err | max err |", "|---|---|---|---|---|---|"] + [
+        f"| {name} | {r['decisions']} | {r['accuracy']:.3f} | {r['agreement']:.3f} | {r['mean_err']:.4f} | "
+        f"{r['max_err']:.4f} |" for name, r in accuracy.items()]
 
 
 def write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps,
@@ -466,10 +479,8 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
         lines.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
     lines += ["", f"## (e) Probability error on the eval subset (the first {args.eval_limit} documents of each set; "
               "the same prompt tokens for every engine)", "",
-              "Against Prism fp32 (the reference): err = max over a decision's options of |p - p_fp32|.", "",
-              "| engine | decisions | accuracy | agreement with fp32 | mean err | max err |", "|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {r['decisions']} | {r['accuracy']:.3f} | {r['agreement']:.3f} | {r['mean_err']:.4f} | "
-              f"{r['max_err']:.4f} |" for name, r in accuracy.items()]
+              "Against Prism fp32 (the reference): err = max over a decision's options of |p - p_fp32|.", ""]
+    lines += accuracy_rows(accuracy)
     lines += ["", "## Memory (GiB resident)", "", "| engine | GiB |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in memory.items()]
     lines += ["", "## Server startup to ready (s)", "", "| server | s |", "|---|---|"]

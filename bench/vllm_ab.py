@@ -6,9 +6,13 @@ side_by_side.py for a machine where its Hugging Face bf16 and matmul-peak phases
 
 Each engine alone on the same cores, one after another, on the same token ids; every repeat a
 ticket no engine has seen (+1 warm-up ticket). Prism: the engine in-process (prefix cache off) in
-int8 (the default), exact and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16
-with prefix caching on and off, and in fp32 with prefix caching on (the faster dtype where the
-CPU has no bf16 instructions). llama.cpp (.venv-llama, GGUF Q8_0 converted from the same
+int8 (the default), int8 with faster precision plans (down kept exact; nothing kept exact), exact
+and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16 with prefix caching on and off,
+in fp32 with prefix caching on (the faster dtype where the CPU has no bf16 instructions), and
+serving llm-compressor's W8A8 checkpoint with prefix caching on where `make bench` made one
+(bench/w8a8_checkpoint.py). Then the probability error of Prism's int8 plans, vLLM bf16 and vLLM
+W8A8 against Prism fp32 on the eval subset (side_by_side.eval_subset): speed beside accuracy.
+llama.cpp (.venv-llama, GGUF Q8_0 converted from the same
 checkpoint, bench/llama_cpp_driver.py) where it is installed: the prompts one after another, each
 reusing the KV cache of its longest common prefix with the previous one. Writes
 bench/results/vllm_ab.md.
@@ -21,9 +25,11 @@ from pathlib import Path
 
 import torch
 
-from side_by_side import LLAMA_LABEL, THREADS, PromptIds, peer_times, timed, workload_a, workload_b  # noqa: E402
+from side_by_side import (LLAMA_LABEL, THREADS, W8A8_LABEL, PromptIds, accuracy_rows, eval_subset,  # noqa: E402
+                          peer_times, timed, workload_a, workload_b)
 from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
 from vllm_driver import run_vllm  # noqa: E402
+from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import write_result  # noqa: E402
 
 from prism_backend.config import EngineConfig  # noqa: E402
@@ -36,6 +42,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="llama.cpp's Q8_0 file (converted if missing)")
+    parser.add_argument("--w8a8-dir", type=Path, default=DEFAULT_W8A8, help="vLLM's W8A8 checkpoint (skipped if absent)")
+    parser.add_argument("--eval-limit", type=int, default=16, help="eval documents of each set for the error table")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     ticket = iter(range(1, 10**6))
@@ -45,6 +53,8 @@ def main() -> None:
     prompts = {w: [ids(b) for b in bs] for w, bs in workloads.items()}
     times: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
     prism = {"prism int8 (default)": {"precision": "int8"},
+             "prism int8, down kept exact": {"precision": "int8", "keep_exact": "down"},
+             "prism int8, nothing kept exact": {"precision": "int8", "keep_exact": ""},
              "prism exact (13-bit)": {"precision": "exact"},
              "prism fp32": {"precision": "fp32"}}
     for label, settings in prism.items():
@@ -54,10 +64,14 @@ def main() -> None:
         for w, bs in workloads.items():
             times[w][label] = timed(pipeline.decide_many, bs)
         del pipeline
-    for label, dtype, on in (("vLLM bf16 prefix on", "bfloat16", True), ("vLLM bf16 prefix off", "bfloat16", False),
-                             ("vLLM fp32 prefix on", "float32", True)):
+    vllm_runs = [("vLLM bf16 prefix on", args.model_dir, "bfloat16", True),
+                 ("vLLM bf16 prefix off", args.model_dir, "bfloat16", False),
+                 ("vLLM fp32 prefix on", args.model_dir, "float32", True)]
+    if args.w8a8_dir.exists():
+        vllm_runs.append((W8A8_LABEL, args.w8a8_dir, "bfloat16", True))
+    for label, checkpoint, dtype, on in vllm_runs:
         print(label, flush=True)
-        peer, _ = peer_times(lambda calls: run_vllm(calls, on, args.model_dir, dtype), workloads, prompts, args.repeats)
+        peer, _ = peer_times(lambda calls: run_vllm(calls, on, checkpoint, dtype), workloads, prompts, args.repeats)
         for w, t in peer.items():
             times[w][label] = t
     if LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
@@ -70,7 +84,11 @@ def main() -> None:
             times[w][label] = t
     else:
         print(f"llama.cpp skipped: {LLAMA_PYTHON} not found (make bench builds it)", flush=True)
-    base = "prism int8 (default, 2+2 passes)"
+    print("eval subset", flush=True)
+    plans = {label.replace("prism", "Prism"): {k: v for k, v in settings.items() if k != "precision"}
+             for label, settings in prism.items() if settings["precision"] == "int8"}
+    accuracy = eval_subset(args.model_dir, args.eval_limit, True, args.w8a8_dir, plans)
+    base = "prism int8 (default)"
     lines = ["# Prism engine vs vLLM's CPU build, workloads (a) and (b)", "",
              f"`.venv/bin/python bench/vllm_ab.py --repeats {args.repeats}`: {THREADS} thread(s), CPU capability "
              f"{torch.backends.cpu.get_cpu_capability()}, median of {args.repeats} new tickets per engine, engines "
@@ -82,6 +100,9 @@ def main() -> None:
             med = statistics.median(t)
             lines.append(f"| {w} | {label} | {1000 * med:.0f} | {1000 * min(t):.0f}-{1000 * max(t):.0f} | "
                          f"{med / ours:.2f}x |")
+    lines += ["", f"Probability error against Prism fp32 on the eval subset (the first {args.eval_limit} documents "
+              "of each set, the same prompt tokens for every engine; err = max over a decision's options of "
+              "|p - p_fp32|):", ""] + accuracy_rows(accuracy)
     write_result("vllm_ab.md", lines)
 
 
