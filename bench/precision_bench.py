@@ -21,7 +21,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 from workloads import WORKLOADS, write_result
 
 from evals import run_eval
@@ -60,15 +59,9 @@ def share_8bit(config: EngineConfig) -> float:
 
 
 def accuracy(config: EngineConfig, docs, reference) -> dict[str, float]:
-    meta = [t["label"] for d in docs for t in d["tasks"]]
     decisions = run_eval.run_engine(config, docs)
-    probs = [np.array(list(d["probabilities"].values())) for d in decisions]
-    fp32 = [np.array(p) for p in reference["fp32"]]
-    errors = [np.abs(p - q).max() for p, q in zip(probs, fp32)]
-    return {"agree": np.mean([p.argmax() == q.argmax() for p, q in zip(probs, fp32)]),
-            "mean": float(np.mean(errors)), "max": float(np.max(errors)),
-            "acc": np.mean([p.argmax() == options.index(label)
-                            for p, options, label in zip(probs, reference["options"], meta)])}
+    return run_eval.measures([list(d["probabilities"].values()) for d in decisions], reference["fp32"],
+                             reference["options"], [t["label"] for d in docs for t in d["tasks"]])
 
 
 def main() -> None:
@@ -87,8 +80,8 @@ def main() -> None:
     reference_path = args.reference or user_cache_dir("eval") / f"reference-limit{args.limit}.json"
     reference = run_eval.references(docs, args.model_dir, reference_path)
     quality = {name: accuracy(config, docs, reference) for name, config in engines.items()}
-    bf16 = [np.abs(np.array(p) - np.array(q)).max() for p, q in zip(reference["bf16"], reference["fp32"])]
-    bf16_agree = np.mean([np.argmax(p) == np.argmax(q) for p, q in zip(reference["bf16"], reference["fp32"])])
+    bf16 = run_eval.measures(reference["bf16"], reference["fp32"], reference["options"],
+                             [t["label"] for d in docs for t in d["tasks"]])
 
     pipelines = {name: DecisionPipeline(config, REGISTRY) for name, config in engines.items()}
     times = {(w, e): [] for w in WORKLOADS for e in engines}
@@ -109,7 +102,7 @@ def main() -> None:
              f"`.venv/bin/python bench/precision_bench.py --repeats {args.repeats} --limit {args.limit}`, "
              f"{time.strftime('%Y-%m-%d')}, on {machine()}, {threads} thread(s), prefix cache off; speed: median of {args.repeats} interleaved "
              f"runs per workload; accuracy: the first {args.limit} documents of each eval file "
-             f"({len(bf16)} decisions) against the fp32 engine (mean/max: of each decision's largest "
+             f"({bf16['decisions']} decisions) against the fp32 engine (mean/max: of each decision's largest "
              f"|p - p_fp32|). Exact-product routes the engines chose here (model/exact_matmul.py; passes, "
              f"K x N): {routes}.", "",
              "| precision | 8-bit MACs | (a) ms | (a) / fp32 | (b) ms | (b) / fp32 | agreement | mean abs dp | "
@@ -118,10 +111,10 @@ def main() -> None:
         q = quality[name]
         lines.append(f"| {name} | {100 * share_8bit(config):.0f}% | {ms[(a, name)]:.0f} | "
                      f"{ms[(a, name)] / ms[(a, 'fp32')]:.2f}x | {ms[(b, name)]:.0f} | "
-                     f"{ms[(b, name)] / ms[(b, 'fp32')]:.2f}x | {q['agree']:.3f} | {q['mean']:.4f} | "
-                     f"{q['max']:.4f} | {q['acc']:.3f} |")
-    lines.append(f"| bf16 (Hugging Face, for comparison) | | | | | | {bf16_agree:.3f} | {np.mean(bf16):.4f} | "
-                 f"{np.max(bf16):.4f} | |")
+                     f"{ms[(b, name)] / ms[(b, 'fp32')]:.2f}x | {q['agreement']:.3f} | {q['mean_err']:.4f} | "
+                     f"{q['max_err']:.4f} | {q['accuracy']:.3f} |")
+    lines.append(f"| bf16 (Hugging Face, for comparison) | | | | | | {bf16['agreement']:.3f} | {bf16['mean_err']:.4f} | "
+                 f"{bf16['max_err']:.4f} | {bf16['accuracy']:.3f} |")
     write_result("precision.md", lines)
 
 

@@ -422,11 +422,10 @@ def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None,
     prompt tokens Prism's fp32 run was given, against that fp32 -> per engine: accuracy against the
     labels, agreement with fp32's choice, mean and max over decisions of max |p - p_fp32|.
     plans: Prism's engines besides fp32, label -> EngineConfig settings."""
-    import numpy as np
-    from evals.run_eval import load, run_engine
+    from evals.run_eval import load, measures, run_engine
 
     docs = load(limit)
-    gold = [t["label"] for d in docs for t in d["tasks"]]
+    labels = [t["label"] for d in docs for t in d["tasks"]]
     fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), docs, return_prompt_ids=True)
     options = [list(d["probabilities"]) for d in fp32]
     probs = {"Prism fp32": [list(d["probabilities"].values()) for d in fp32]}
@@ -438,16 +437,7 @@ def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None,
         probs["vLLM bf16"] = run_vllm([prompts], True, model_dir)["probabilities"]
     if w8a8_dir is not None and w8a8_dir.exists():
         probs[W8A8_LABEL.replace(" prefix on", "")] = run_vllm([prompts], True, w8a8_dir)["probabilities"]
-    reference = [np.array(p, np.float64) for p in probs["Prism fp32"]]
-    rows = {}
-    for name, ps in probs.items():
-        ps = [np.array(p, np.float64) for p in ps]
-        errors = [float(np.abs(p - r).max()) for p, r in zip(ps, reference)]
-        rows[name] = {"decisions": len(ps),
-                      "accuracy": float(np.mean([o[p.argmax()] == g for o, p, g in zip(options, ps, gold)])),
-                      "agreement": float(np.mean([p.argmax() == r.argmax() for p, r in zip(ps, reference)])),
-                      "mean_err": float(np.mean(errors)), "max_err": max(errors)}
-    return rows
+    return {name: measures(ps, probs["Prism fp32"], options, labels) for name, ps in probs.items()}
 
 
 def accuracy_rows(accuracy: dict[str, dict[str, float]]) -> list[str]:

@@ -122,6 +122,19 @@ def _write_json(path: Path, value: dict) -> None:
         json.dump(value, f)
 
 
+def measures(probs: list, reference: list, options: list[list[str]], labels: list[str]) -> dict[str, float]:
+    """One engine's decisions against the fp32 reference, the eval's measures over all of them:
+    agreement of the top option, mean and max over decisions of the largest |p - p_fp32|, accuracy
+    against the labels. probs, reference: per decision its options' probabilities."""
+    probs = [np.asarray(p, np.float64) for p in probs]
+    reference = [np.asarray(r, np.float64) for r in reference]
+    errors = [float(np.abs(p - r).max()) for p, r in zip(probs, reference)]
+    return {"decisions": len(probs),
+            "agreement": float(np.mean([p.argmax() == r.argmax() for p, r in zip(probs, reference)])),
+            "mean_err": float(np.mean(errors)), "max_err": max(errors),
+            "accuracy": float(np.mean([o[p.argmax()] == label for o, p, label in zip(options, probs, labels)]))}
+
+
 def evaluate(docs: list[dict], model_dir: Path, int8_config: dict, cache: Path | None = None,
              bf16: bool = True) -> tuple[dict, dict, float]:
     meta = [(t["set"], t["label"]) for d in docs for t in d["tasks"]]
