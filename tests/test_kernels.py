@@ -23,10 +23,6 @@ from prism_backend.model.attention import ForestAttention, _sdpa, answer_attenti
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
 
-def _on(*tensors):
-    return tuple(t.to(DEVICE) for t in tensors)
-
-
 def _int8(shape, gen):
     return torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen).to(DEVICE)
 
