@@ -141,8 +141,16 @@ def test_the_rotated_embedding_and_head_are_mapped_from_the_cache(tiny_model_dir
     """int8 (rotated): the embedding and the LM head are views of the cache's stored copy, mapped
     rather than held in memory, and a second engine maps the same file; with the cache off they
     stay in memory. The same bits every way."""
+    from prism_backend.engine import runner
+
     config = EngineConfig(model_dir=tiny_model_dir("llama_tied"), prefix_cache_bytes=0)
-    mapped, again = DecisionEngine(config), DecisionEngine(config)
+    made = []
+    compute = runner.rotated_vocab
+    monkeypatch.setattr(runner, "rotated_vocab", lambda *args: made.append(1) or compute(*args))
+    mapped = DecisionEngine(config)
+    assert made == [1]
+    again = DecisionEngine(config)
+    assert made == [1]  # a warm build maps the stored rows without rotating the vocabulary again
     (rows_file,) = cache.glob("*-rows.safetensors")
     spans = mapped_spans(rows_file)
 

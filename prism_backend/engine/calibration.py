@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -243,21 +244,33 @@ def load(path: Path | None, raw: bool = False):
         return None  # not the layout this code stores: calibrate again
 
 
-def mapped_rows(model_dir: Path, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`rows` -- the rotated embedding and LM head, (V, H) float32 each -- as views of their stored
-    copy mapped from the cache (stored first where it is missing), not held in memory: a replica
-    then has resident only the pages of the tokens it looks up and of the candidates it scores,
-    where in memory both matrices are resident in full (2 x 108 MiB for SmolLM2-135M), and the
-    instances and ranks on one machine share those pages. The same numbers: a stored copy is exact
-    (tests/test_calibration_cache.py). Without a cache, or where it cannot be written, `rows` as given."""
+def mapped_rows(model_dir: Path, make: Callable[[], dict[str, torch.Tensor]],
+                shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """The rotated embedding and LM head ({"embed", "lm_head"}: (V, H) float32 each, `shape`) as
+    views of their stored copy mapped from the cache -- `make()` computes them only where the cache
+    has no such copy, and stores them -- not held in memory: a replica then has resident only the
+    pages of the tokens it looks up and of the candidates it scores, where in memory both matrices
+    are resident in full (2 x 108 MiB for SmolLM2-135M), and the instances and ranks on one machine
+    share those pages. The same numbers: a stored copy is exact (tests/test_calibration_cache.py).
+    Without a cache, or where it cannot be written, make()'s tensors as they are."""
     path = entry(model_dir, ROWS)
     mapped = _mapped(path)
-    if mapped is None and store(path, rows, raw=True) is not None:
+    if not _holds_rows(mapped, shape):
+        rows = make()
+        if store(path, rows, raw=True) is None:
+            return rows
         mapped = _mapped(path)
-    if mapped is None or any(name not in mapped or mapped[name].shape != t.shape or mapped[name].dtype != t.dtype
-                             for name, t in rows.items()):
-        return rows
-    return {name: mapped[name] for name in rows}
+        if not _holds_rows(mapped, shape):
+            return rows
+    return {name: mapped[name] for name in ROW_NAMES}
+
+
+ROW_NAMES = ("embed", "lm_head")
+
+
+def _holds_rows(mapped: dict[str, torch.Tensor] | None, shape: tuple[int, int]) -> bool:
+    return mapped is not None and all(name in mapped and tuple(mapped[name].shape) == tuple(shape)
+                                      and mapped[name].dtype == torch.float32 for name in ROW_NAMES)
 
 
 def _mapped(path: Path | None) -> dict[str, torch.Tensor] | None:

@@ -17,7 +17,7 @@ from ..forest import EncodedRequest, Forest
 from .forest_builder import build_forest
 from ..model.loader import load_model
 from ..model.spec import ModelSpec, load_hf_config, spec_from_config
-from ..model.rotation import down_block, rotate
+from ..model.rotation import down_block, rotate, rotated_vocab
 from ..model.smoothing import apply_smoothing
 from ..model.tp import TPGroup, local_spec, plan_shards, shard_integers, shard_stats
 from ..model.transformer import ForestTransformer
@@ -51,9 +51,10 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
         integers, stats = group.broadcast((integers, stats))
     mine = local_spec(spec, shard)
     if integers is not None:
-        rotate(mine, weights, down_block(spec.intermediate_size))
-        rows = calibration.mapped_rows(config.model_dir, {"embed": weights.embed, "lm_head": weights.lm_head})
-        weights.embed, weights.lm_head = rows["embed"], rows["lm_head"]
+        # the rotated embedding and LM head mapped from the cache: computed only where it has none
+        vocab = calibration.mapped_rows(config.model_dir, lambda: rotated_vocab(mine, weights),
+                                        tuple(weights.embed.shape))
+        rotate(mine, weights, down_block(spec.intermediate_size), vocab)
         for i, (lw, layer) in enumerate(zip(weights.layers, shard_integers(integers, spec, shard))):
             lw.integers = {name: ints for name, ints in layer.items() if not config.keeps_exact(name, i)}
     if config.precision != "int8":

@@ -91,12 +91,28 @@ def online_down(x: torch.Tensor, block: int) -> torch.Tensor:
 # the embedding's rotation 118 s with 2 threads, 5.8 s with 1). Element-wise: the same bits either way.
 @torch_threads(1)
 @torch.no_grad()
-def rotate(spec: ModelSpec, weights: ModelWeights, block: int | None = None) -> None:
+def rotated_vocab(spec: ModelSpec, weights: ModelWeights) -> dict[str, torch.Tensor]:
+    """The rotated embedding and LM head of the unrotated `weights`, (V, H) float32 each: the
+    embedding's rows times Q, the LM head's with the final norm's gain folded in first (a new
+    tensor even when tied). What rotate() puts in their place."""
+    check_supported(spec)
+    signs, block = _signs(spec.hidden_size), residual_block(spec.hidden_size)
+    f64 = lambda t: t.to(torch.float64)  # noqa: E731
+    return {"embed": _rotate_rows(f64(weights.embed), signs, block).float(),
+            "lm_head": _rotate_rows(f64(weights.lm_head) * f64(weights.final_norm), signs, block).float()}
+
+
+@torch_threads(1)
+@torch.no_grad()
+def rotate(spec: ModelSpec, weights: ModelWeights, block: int | None = None,
+           vocab: dict[str, torch.Tensor] | None = None) -> None:
     """Rotate `weights` in place (see the module docstring); afterwards every norm gain is 1,
     `weights.lm_head` is a separate rotated matrix and weights.down_block says the forward must
     apply online_down before each down projection. With tensor parallelism `weights` are one rank's
     shard, `spec` its local shapes and `block` the full model's down_block (every rotation is
-    local to a head or to a run of MLP columns, so a shard rotates on its own)."""
+    local to a head or to a run of MLP columns, so a shard rotates on its own). vocab: the rotated
+    embedding and LM head where the caller has them already (rotated_vocab's, stored: the engine
+    maps them from the calibration cache), else computed here."""
     check_supported(spec)
     H, D = spec.hidden_size, spec.head_dim
     block_d = block or down_block(spec.intermediate_size)
@@ -107,8 +123,8 @@ def rotate(spec: ModelSpec, weights: ModelWeights, block: int | None = None) -> 
     v_rows = slice(spec.q_dim + spec.kv_dim, spec.q_dim + 2 * spec.kv_dim)
     ones = torch.ones(H)
 
-    weights.lm_head = rot(f64(weights.lm_head) * f64(weights.final_norm))  # (V, H); a new tensor even when tied
-    weights.embed = rot(weights.embed)
+    vocab = vocab or rotated_vocab(spec, weights)
+    weights.embed, weights.lm_head = vocab["embed"], vocab["lm_head"]
     weights.final_norm = ones
     for lw in weights.layers:
         wqkv = f64(lw.wqkv) * f64(lw.input_norm)  # (q + 2 kv, H): gain folded
