@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton import launch_options
+
 
 @triton.jit
 def _int8_gemm_kernel(
@@ -137,8 +139,7 @@ def int8_gemm(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor | None
     dummy = out  # never read: the constexpr flags compile its loads away
     has_res = w_res is not None
     # the tile shape changes no bit: the int32 sums are exact and the epilogue is element-wise
-    launch = {} if x_q.device.type == "cpu" else {"enable_fp_fusion": False, "num_warps": num_warps,
-                                                  **({} if num_stages is None else {"num_stages": num_stages})}
+    launch = launch_options(x_q.device, num_warps, num_stages)
     _int8_gemm_kernel[grid](
         x_q, w_q, x_scale if dequant else dummy, w_scale if dequant else dummy,
         w_res if has_res else dummy, w_res_scale if has_res else dummy,

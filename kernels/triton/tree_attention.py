@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton import launch_options
+
 
 @dataclass
 class TreeLayout:
@@ -219,8 +221,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Tr
     if slots == 0:
         return out
     block_d = max(16, triton.next_power_of_2(dim))  # tl.dot's inner size is at least 16 on a GPU
-    launch = {} if q.device.type == "cpu" else {"enable_fp_fusion": False, "num_warps": num_warps,
-                                                **({} if num_stages is None else {"num_stages": num_stages})}
+    launch = launch_options(q.device, num_warps, num_stages)
     _segment_partial_kernel[(layout.block_item.numel(), heads)](
         q, k, v, m, l, acc,
         layout.block_item, layout.block_first, layout.block_count,
