@@ -22,7 +22,7 @@ import urllib.request
 
 import torch
 
-from side_by_side import THREADS, prism_batch_sender, workload_makers
+from side_by_side import THREADS, alternate, prism_batch_sender, workload_makers
 from workloads import write_result
 
 from kernels.cpu.features import machine
@@ -72,17 +72,9 @@ def main() -> None:
         run = {"server": prism_batch_sender(options.http_port), "engine": engine.decide_many}
         for name, make in workloads.items():
             print(name, flush=True)
-            times[name] = {"server": [], "engine": []}
             if name.startswith("a"):
                 before = model_stats(options.http_port), prism_metric_sums(options.metrics_port)
-            for round_ in range(args.repeats + 1):
-                order = ("server", "engine") if round_ % 2 == 0 else ("engine", "server")
-                for who in order:
-                    batch = make(next(ticket))
-                    start = time.perf_counter()
-                    run[who](batch)
-                    if round_:  # round 0 warms both up on their own tickets
-                        times[name][who].append(time.perf_counter() - start)
+            times[name] = alternate(run, make, ticket, args.repeats)
             if name.startswith("a"):
                 after = model_stats(options.http_port)
                 wait, scoring = prism_metric_sums(options.metrics_port)

@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from side_by_side import VLLM_TICKETS, prism_tickets, throughput, throughput_tickets
+from side_by_side import VLLM_TICKETS, alternate, prism_tickets, throughput, throughput_tickets
 
 LEVELS = (1, 4, 8)
 
@@ -33,6 +33,18 @@ def test_throughput_sends_every_request_once_with_the_given_concurrency():
 
     assert throughput(send, 4, list(range(10))) > 0
     assert sorted(sent) == list(range(10)) and peak[0] == 4
+
+
+def test_alternate_times_both_senders_on_new_tickets_in_turn():
+    """The overhead target's rounds: every batch a new ticket, the senders' order swapped every round,
+    round 0 (the warm-up) sent but not timed."""
+    sent = []
+    run = {"server": lambda batch: sent.append(("server", batch)), "engine": lambda batch: sent.append(("engine", batch))}
+    times = alternate(run, lambda n: [n], iter(range(100, 200)), rounds=3)
+    assert [who for who, _ in sent] == ["server", "engine", "engine", "server", "server", "engine", "engine", "server"]
+    assert [batch for _, batch in sent] == [[n] for n in range(100, 108)]
+    assert {name: len(t) for name, t in times.items()} == {"server": 3, "engine": 3}
+    assert all(x >= 0 for t in times.values() for x in t)
 
 
 def test_the_w8a8_checkpoint_calibrates_on_prisms_gptq_prompts(model_dir):
