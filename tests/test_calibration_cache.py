@@ -142,13 +142,15 @@ def test_the_rotated_embedding_and_head_are_mapped_from_the_cache(tiny_model_dir
     rather than held in memory, and a second engine maps the same file; with the cache off they
     stay in memory. The same bits every way."""
     from prism_backend.engine import runner
+    from prism_backend.model import rotation
 
     config = EngineConfig(model_dir=tiny_model_dir("llama_tied"), prefix_cache_bytes=0)
     made = []
-    compute = runner.rotated_vocab
-    monkeypatch.setattr(runner, "rotated_vocab", lambda *args: made.append(1) or compute(*args))
+    compute = rotation.rotated_vocab
+    for module in (runner, rotation):  # the runner's build and GPTQ's calibration forward (calibration._gptq)
+        monkeypatch.setattr(module, "rotated_vocab", lambda *args: made.append(1) or compute(*args))
     mapped = DecisionEngine(config)
-    assert made == [1]
+    assert made == [1]  # a cold build rotates the vocabulary once: GPTQ stores it, the runner maps it
     again = DecisionEngine(config)
     assert made == [1]  # a warm build maps the stored rows without rotating the vocabulary again
     (rows_file,) = cache.glob("*-rows.safetensors")
