@@ -498,11 +498,11 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
               "the order swapped every round (`alternate`): the overhead target reads these, not the phases "
               "above, which ran minutes apart. Medians; spread = the rounds' server / engine.", "",
               "| workload | engine ms | server ms | server / engine | spread |", "|---|---|---|---|---|"]
+    server_over_engine = {w: statistics.median(t["server"]) / statistics.median(t["engine"]) for w, t in overhead.items()}
     for w, t in overhead.items():
         pairs = sorted(s / e for s, e in zip(t["server"], t["engine"]))
         lines.append(f"| {w} | {1000 * statistics.median(t['engine']):.0f} | {1000 * statistics.median(t['server']):.0f} | "
-                     f"{statistics.median(t['server']) / statistics.median(t['engine']):.3f}x | "
-                     f"{pairs[0]:.2f}-{pairs[-1]:.2f}x |")
+                     f"{server_over_engine[w]:.3f}x | {pairs[0]:.2f}-{pairs[-1]:.2f}x |")
     lines += ["", f"## (e) Probability error on the eval subset (the first {args.eval_limit} documents of each set; "
               "the same prompt tokens for every engine)", "",
               "Against Prism fp32 (the reference): err = max over a decision's options of |p - p_fp32|.", ""]
@@ -553,7 +553,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     for name, got, goal in targets:
         lines.append(f"| {name} | {got:.2f}x | >= {goal}x | {'yes' if got >= goal else 'no'} |")
     if overhead:  # measured alternately (above): (a), (b) and the (c) sweep
-        overheads = {w: statistics.median(t["server"]) / statistics.median(t["engine"]) - 1 for w, t in overhead.items()}
+        overheads = {w: ratio - 1 for w, ratio in server_over_engine.items()}
         worst = max(overheads, key=overheads.get)
         sweep = max((v for w, v in overheads.items() if w not in (a, b)), default=float("nan"))
         lines.append(f"| Triton server overhead (alternately), (a) / (b) / worst of (c) | {100 * overheads[a]:.0f}% / "
