@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -72,6 +74,13 @@ struct Quantized {
   const float* vs;
   int hkv, ldn;
 };
+
+// n elements left uninitialised: every buffer below is written before it is read (a zero-filled
+// std::vector cost ~3% of the integer form's time in memset on (a), ~1 MB a call)
+template <class T>
+std::unique_ptr<T[]> buffer(size_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
 
 namespace avx2 {
 constexpr int ROWS = 4;  // query rows per group: 8 accumulators + 2 loads + broadcasts in 16 registers
@@ -133,15 +142,20 @@ void prism_tree_attention(const float* q, const float* k, const float* v, const 
     for (int h = 0; h < (integer ? hkv : hq); ++h) items.push_back({sg[0], sg[1], sg[2], sg[3], sg[4], h});
     max_keys = sg[3] > max_keys ? sg[3] : max_keys;
   }
+  // the largest items first (rows x keys they see): taken in segment order, a trunk's last and largest
+  // blocks came last and one thread computed them while the other waited (libgomp's spin: ~5% of the
+  // integer form's time on (a)). Each item is still computed by one thread start to end: no bit moves.
+  const auto work = [](const Item& it) { return (long)it.q_len * (it.prefix + (it.q_len + 1) / 2); };
+  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) { return work(a) > work(b); });
   // every key row transposed once per call: (hkv, D, ldn) floats or (hkv, D/2, ldn) integer pairs,
   // zero columns after the last key (the scores of a segment's last key vectors beyond its keys are
   // computed and never read)
   const int ldn = (n + PAD - 1) / PAD * PAD + PAD, ld_scratch = (max_keys + PAD - 1) / PAD * PAD;
-  std::vector<float> kt_all(integer ? 0 : (size_t)hkv * D * ldn), ks_all(integer ? (size_t)hkv * ldn : 0),
-      vs_all(integer ? (size_t)n * hkv : 0);
-  std::vector<int32_t> kp_all(integer ? (size_t)hkv * (D / 2) * ldn : 0);
-  std::vector<int16_t> v_all(integer ? (size_t)n * hkv * D : 0);
-  const Quantized kv{kp_all.data(), ks_all.data(), v_all.data(), vs_all.data(), hkv, ldn};
+  const auto kt_all = buffer<float>(integer ? 0 : (size_t)hkv * D * ldn);
+  const auto ks_all = buffer<float>(integer ? (size_t)hkv * ldn : 0), vs_all = buffer<float>(integer ? (size_t)n * hkv : 0);
+  const auto kp_all = buffer<int32_t>(integer ? (size_t)hkv * (D / 2) * ldn : 0);
+  const auto v_all = buffer<int16_t>(integer ? (size_t)n * hkv * D : 0);
+  const Quantized kv{kp_all.get(), ks_all.get(), v_all.get(), vs_all.get(), hkv, ldn};
   constexpr int MOST_ROWS = avx2::ROWS > avx512::ROWS ? avx2::ROWS : avx512::ROWS;
 #pragma omp parallel num_threads(threads)
   {
@@ -156,37 +170,37 @@ void prism_tree_attention(const float* q, const float* k, const float* v, const 
           ks_all[(size_t)h * ldn + j] = scale;
           if (key)
             vs_all[(size_t)j * hkv + h] =
-                avx2::quantize_ints(v + ((long)j * hkv + h) * D, v_all.data() + ((size_t)j * hkv + h) * D, V_BOUND);
+                avx2::quantize_ints(v + ((long)j * hkv + h) * D, v_all.get() + ((size_t)j * hkv + h) * D, V_BOUND);
         }
     } else {
 #pragma omp for schedule(static) collapse(2)  // (head, d) rows: 3 heads alone split 2:1 over 2 threads
       for (int h = 0; h < hkv; ++h)
         for (int d = 0; d < D; ++d) {
-          float* dst = kt_all.data() + ((size_t)h * D + d) * ldn;
+          float* dst = kt_all.get() + ((size_t)h * D + d) * ldn;
           for (int j = 0; j < n; ++j) dst[j] = k[((long)j * hkv + h) * D + d];
           for (int j = n; j < ldn; ++j) dst[j] = 0.0f;
         }
     }
-    std::vector<float> kt(integer ? 0 : (size_t)D * ld_scratch), vb(integer ? 0 : (size_t)ld_scratch * D),
-        s((size_t)MOST_ROWS * ld_scratch), ks(integer ? ld_scratch : 0), vs(integer ? ld_scratch : 0);
-    std::vector<int32_t> kp(integer ? (size_t)(D / 2) * ld_scratch : 0), vp(integer ? (size_t)ld_scratch / 2 * D : 0);
-    std::vector<int16_t> wp(integer ? (size_t)MOST_ROWS * ld_scratch : 0);
+    const auto kt = buffer<float>(integer ? 0 : (size_t)D * ld_scratch), vb = buffer<float>(integer ? 0 : (size_t)ld_scratch * D),
+               s = buffer<float>((size_t)MOST_ROWS * ld_scratch), ks = buffer<float>(integer ? ld_scratch : 0),
+               vs = buffer<float>(integer ? ld_scratch : 0);
+    const auto kp = buffer<int32_t>(integer ? (size_t)(D / 2) * ld_scratch : 0),
+               vp = buffer<int32_t>(integer ? (size_t)ld_scratch / 2 * D : 0);
+    const auto wp = buffer<int16_t>(integer ? (size_t)MOST_ROWS * ld_scratch : 0);
     // dynamic: items differ in size (later trunk blocks see more keys); an item is computed by one
     // thread from start to end, so which thread takes it changes no bit
 #pragma omp for schedule(dynamic, 1)
     for (long i = 0; i < (long)items.size(); ++i) {
       if (integer && wide)
-        avx512::attend_int(q, kv, key_rows, items[i], hq, out, kp.data(), ks.data(), vp.data(), vs.data(), s.data(),
-                           wp.data(), ld_scratch);
+        avx512::attend_int(q, kv, key_rows, items[i], hq, out, kp.get(), ks.get(), vp.get(), vs.get(), s.get(), wp.get(),
+                           ld_scratch);
       else if (integer)
-        avx2::attend_int(q, kv, key_rows, items[i], hq, out, kp.data(), ks.data(), vp.data(), vs.data(), s.data(),
-                         wp.data(), ld_scratch);
+        avx2::attend_int(q, kv, key_rows, items[i], hq, out, kp.get(), ks.get(), vp.get(), vs.get(), s.get(), wp.get(),
+                         ld_scratch);
       else if (wide)
-        avx512::attend(q, v, kt_all.data(), ldn, key_rows, items[i], hq, hkv, out, kt.data(), vb.data(), s.data(),
-                       ld_scratch);
+        avx512::attend(q, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
       else
-        avx2::attend(q, v, kt_all.data(), ldn, key_rows, items[i], hq, hkv, out, kt.data(), vb.data(), s.data(),
-                     ld_scratch);
+        avx2::attend(q, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
     }
   }
 }
