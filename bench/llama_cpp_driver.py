@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from driver_io import run_driver
+from driver_io import DriverSession, driver_calls, run_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_PYTHON = ROOT / ".venv-llama" / "bin" / "python"
@@ -59,6 +59,11 @@ def run_llama_cpp(calls: list[list[tuple]], gguf: Path, threads: int) -> dict:
     return run_driver(LLAMA_PYTHON, __file__, spec)
 
 
+def llama_cpp_session(gguf: Path, threads: int) -> DriverSession:
+    """The same driver kept up for one call at a time (driver_io.DriverSession)."""
+    return DriverSession(LLAMA_PYTHON, __file__, {"gguf": str(gguf), "threads": threads})
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -70,6 +75,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def main() -> int:
     spec = json.load(open(sys.argv[1]))
+    calls, answer = driver_calls(spec)  # a phase's calls, or a session's one at a time
     import numpy as np
     import psutil
     from llama_cpp import Llama
@@ -78,9 +84,12 @@ def main() -> int:
     llm = Llama(model_path=spec["gguf"], n_ctx=4096, n_batch=512, n_threads=spec["threads"],
                 n_threads_batch=spec["threads"], logits_all=False, verbose=False, seed=0)
     startup = time.perf_counter() - start
+    if answer:
+        answer({"ready": True})
     seconds, probabilities = [], []
-    for call in spec["calls"]:
+    for call in calls:
         t0 = time.perf_counter()
+        answers = []
         for p in call:
             ids = p["prompt_ids"]
             # keep the cached prefix, but recompute at least the last token (its logits are the answer)
@@ -92,8 +101,11 @@ def main() -> int:
             logits = last[p["candidate_ids"]].astype(np.float64)
             top = logits.max()
             weights = [math.exp(v - top) for v in logits]
-            probabilities.append([w / sum(weights) for w in weights])
+            answers.append([w / sum(weights) for w in weights])
         seconds.append(time.perf_counter() - t0)
+        probabilities += answers
+        if answer:
+            answer({"seconds": seconds[-1], "probabilities": answers})
     rss = psutil.Process().memory_info().rss
     json.dump({"seconds": seconds, "probabilities": probabilities, "rss_bytes": rss, "startup_seconds": startup},
               open(sys.argv[2], "w"))

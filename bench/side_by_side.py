@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
-from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
+from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, llama_cpp_session, run_llama_cpp  # noqa: E402
+from vllm_driver import VLLM_PYTHON, run_vllm, vllm_session  # noqa: E402
 from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
@@ -111,16 +111,35 @@ def alternate(run: dict, make, tickets, rounds: int) -> dict[str, list[float]]:
     round one new batch (`make(ticket number)`) through each, the order reversed every other round;
     round 0 warms each up on its own tickets, untimed. What a ratio of two of them needs on a shared
     machine, where two phases minutes apart can differ by more than the ratio being measured
-    (docs/results.md); an idle sender (a server waiting on its queues) takes no CPU while the other runs."""
+    (docs/results.md); an idle sender (a server waiting on its queues) takes no CPU while the other runs.
+    A sender that returns a float has timed itself (a peer's driver, around its engine's work as in
+    its phase): that is its time, instead of the wall clock around the call."""
     times: dict[str, list[float]] = {name: [] for name in run}
     for round_ in range(rounds + 1):
         for name in (run if round_ % 2 == 0 else reversed(list(run))):
             batch = make(next(tickets))
             start = time.perf_counter()
-            run[name](batch)
+            took = run[name](batch)
             if round_:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(took if isinstance(took, float) else time.perf_counter() - start)
     return times
+
+
+def peers_alternately(engine_send, sessions: dict, ticket, ids, rounds: int) -> dict[str, dict[str, dict]]:
+    """Prism's engine (`engine_send(batch)`) against each peer in turn on (a) and (b), alternately
+    (`alternate`): sessions, label -> a function starting the peer's driver session
+    (driver_io.DriverSession, which keeps the peer stopped while Prism runs); ids: a batch's prompt and
+    candidate ids. -> workload -> label -> {"prism": seconds, "peer": seconds} per round."""
+    makers = {w: make for w, make in workload_makers(()).items()}  # (a) and (b)
+    out: dict[str, dict[str, dict]] = {w: {} for w in makers}
+    for label, start in sessions.items():
+        print(label + ", alternately", flush=True)
+        with start() as session:
+            for w, make in makers.items():
+                out[w][label] = alternate({"prism": engine_send, "peer": lambda batch: session.call(ids(batch))["seconds"]},
+                                          make, ticket, rounds)
+            session.close()
+    return out
 
 
 LLAMA_LABEL = "llama.cpp Q8_0, KV prefix reuse"
@@ -369,6 +388,17 @@ def main() -> None:
         for w, t in peer.items():
             times[w][label] = t
         memory[label + " (process)"] = out["rss_bytes"] / 2**30
+    sessions = {}  # the peers again, each alternately with Prism's engine: what the ratio targets read
+    if vllm:
+        sessions["vLLM bf16 prefix on"] = lambda: vllm_session(True, args.model_dir)
+        sessions["vLLM bf16 prefix off"] = lambda: vllm_session(False, args.model_dir)
+        if args.w8a8_dir.exists():
+            sessions[W8A8_LABEL] = lambda: vllm_session(True, args.w8a8_dir)
+    if LLAMA_PYTHON.exists():
+        sessions[LLAMA_LABEL] = lambda: llama_cpp_session(DEFAULT_GGUF, THREADS)
+    engine = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS), REGISTRY)
+    versus = peers_alternately(engine.decide_many, sessions, ticket, ids, reps)
+    del engine
 
     startup: dict[str, float] = {}  # server start to ready, seconds
     print("server startup", flush=True)
@@ -434,7 +464,7 @@ def main() -> None:
     print("eval subset", flush=True)
     accuracy = eval_subset(args.model_dir, args.eval_limit, vllm, args.w8a8_dir if vllm else None)
     write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
-                 startup, accuracy, overhead)
+                 startup, accuracy, overhead, versus)
 
 
 PRISM_DEFAULT_PLAN = {"Prism int8 (default)": {}}
@@ -473,7 +503,7 @@ def accuracy_rows(accuracy: dict[str, dict[str, float]]) -> list[str]:
 
 def write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps,
                  forest_tokens: int, startup: dict[str, float], accuracy: dict[str, dict[str, float]],
-                 overhead: dict[str, dict[str, list[float]]]) -> None:
+                 overhead: dict[str, dict[str, list[float]]], versus: dict[str, dict[str, dict]]) -> None:
     base = "prism engine int8"
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
     lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {machine()}, {time.strftime('%Y-%m-%d')}.", "",
@@ -503,6 +533,21 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
         pairs = sorted(s / e for s, e in zip(t["server"], t["engine"]))
         lines.append(f"| {w} | {1000 * statistics.median(t['engine']):.0f} | {1000 * statistics.median(t['server']):.0f} | "
                      f"{server_over_engine[w]:.3f}x | {pairs[0]:.2f}-{pairs[-1]:.2f}x |")
+    lines += ["", "## Prism against each peer, alternately", "",
+              f"Prism's int8 engine (in this process, prefix cache off) and one peer's driver session (its engine "
+              f"kept up, stopped between its calls), {reps} rounds per workload, each one new ticket through each, "
+              "the order swapped every round (`peers_alternately`); the peer's time is its driver's, around its "
+              "engine's work, as in its phase above. The ratio targets read these. Medians; spread = the rounds' "
+              "peer / Prism.", "",
+              "| workload | peer | Prism ms | peer ms | peer / Prism | spread |", "|---|---|---|---|---|---|"]
+    peer_over_prism = {w: {label: statistics.median(t["peer"]) / statistics.median(t["prism"]) for label, t in row.items()}
+                       for w, row in versus.items()}
+    for w, row in versus.items():
+        for label, t in row.items():
+            pairs = sorted(x / y for x, y in zip(t["peer"], t["prism"]))
+            lines.append(f"| {w} | {label} | {1000 * statistics.median(t['prism']):.0f} | "
+                         f"{1000 * statistics.median(t['peer']):.0f} | {peer_over_prism[w][label]:.2f}x | "
+                         f"{pairs[0]:.2f}-{pairs[-1]:.2f}x |")
     lines += ["", f"## (e) Probability error on the eval subset (the first {args.eval_limit} documents of each set; "
               "the same prompt tokens for every engine)", "",
               "Against Prism fp32 (the reference): err = max over a decision's options of |p - p_fp32|.", ""]
@@ -535,16 +580,15 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     # The speed issue's targets (#29): ratios = the engine's time / Prism's default's time.
     targets = [("(a) vs Prism fp32", med[a]["prism engine fp32"] / med[a][base], 2.0),
                ("(b) vs Prism fp32", med[b]["prism engine fp32"] / med[b][base], 2.0)]
-    if "vLLM bf16 prefix off" in med[a]:
-        targets += [("(a) vs vLLM prefix caching on", med[a]["vLLM bf16 prefix on"] / med[a][base], 1.5),
-                    ("(b) vs vLLM prefix caching on", med[b]["vLLM bf16 prefix on"] / med[b][base], 1.2),
-                    ("(a) vs vLLM prefix caching off", med[a]["vLLM bf16 prefix off"] / med[a][base], 4.0)]
-    if W8A8_LABEL in med[a]:
-        targets += [("(a) vs vLLM W8A8 prefix caching on", med[a][W8A8_LABEL] / med[a][base], 1.0),
-                    ("(b) vs vLLM W8A8 prefix caching on", med[b][W8A8_LABEL] / med[b][base], 1.0)]
-    if LLAMA_LABEL in med[a]:
-        targets += [("(a) vs llama.cpp Q8_0", med[a][LLAMA_LABEL] / med[a][base], 2.0),
-                    ("(b) vs llama.cpp Q8_0", med[b][LLAMA_LABEL] / med[b][base], 2.0)]
+    peer_goals = [(w, "vLLM bf16 prefix on", "vLLM prefix caching on", goal) for w, goal in ((a, 1.5), (b, 1.2))]
+    peer_goals += [(a, "vLLM bf16 prefix off", "vLLM prefix caching off", 4.0)]
+    peer_goals += [(w, W8A8_LABEL, "vLLM W8A8 prefix caching on", 1.0) for w in (a, b)]
+    peer_goals += [(w, LLAMA_LABEL, "llama.cpp Q8_0", 2.0) for w in (a, b)]
+    for w, label, name, goal in peer_goals:  # alternately where measured so (above), else the phases
+        if label in peer_over_prism.get(w, {}):
+            targets.append((f"({w[0]}) vs {name} (alternately)", peer_over_prism[w][label], goal))
+        elif label in med[w]:
+            targets.append((f"({w[0]}) vs {name} (phases)", med[w][label] / med[w][base], goal))
     vllm_rps = throughput_rows.get("vLLM server bf16 prefix on")
     if vllm_rps and "prism triton int8" in throughput_rows:
         for c, prism, vllm in zip(concurrency, throughput_rows["prism triton int8"], vllm_rps):

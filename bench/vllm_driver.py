@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from driver_io import run_driver
+from driver_io import DriverSession, driver_calls, run_driver
 
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
@@ -37,8 +37,15 @@ def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path, dt
     return run_driver(VLLM_PYTHON, __file__, spec)
 
 
+def vllm_session(prefix_caching: bool, model_dir: Path, dtype: str = "bfloat16") -> DriverSession:
+    """The same driver kept up for one call at a time (driver_io.DriverSession)."""
+    return DriverSession(VLLM_PYTHON, __file__, {"model_dir": str(model_dir), "prefix_caching": prefix_caching,
+                                                 "dtype": dtype})
+
+
 def main() -> int:
     spec = json.load(open(sys.argv[1]))
+    calls, answer = driver_calls(spec)  # a phase's calls, or a session's one at a time
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import psutil
@@ -49,19 +56,25 @@ def main() -> int:
     llm = LLM(model=spec["model_dir"], dtype=spec.get("dtype", "bfloat16"), enforce_eager=True, block_size=32,
               enable_prefix_caching=spec["prefix_caching"], seed=0)
     startup = time.perf_counter() - start
+    if answer:
+        answer({"ready": True})
     seconds, probabilities = [], []
-    for call in spec["calls"]:
+    for call in calls:
         prompts = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in call]
         params = [SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=p["candidate_ids"]) for p in call]
         t0 = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds.append(time.perf_counter() - t0)
+        answers = []
         for out, p in zip(outputs, call):
             logprobs = out.outputs[0].logprobs[0]
             values = [logprobs[c].logprob for c in p["candidate_ids"]]
             top = max(values)
             weights = [math.exp(v - top) for v in values]
-            probabilities.append([w / sum(weights) for w in weights])
+            answers.append([w / sum(weights) for w in weights])
+        probabilities += answers
+        if answer:
+            answer({"seconds": seconds[-1], "probabilities": answers})
     me = psutil.Process()
     rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
     json.dump({"seconds": seconds, "probabilities": probabilities, "rss_bytes": rss, "startup_seconds": startup},

@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from side_by_side import VLLM_TICKETS, alternate, prism_tickets, throughput, throughput_tickets
+from side_by_side import VLLM_TICKETS, alternate, peers_alternately, prism_tickets, throughput, throughput_tickets
 
 LEVELS = (1, 4, 8)
 
@@ -45,6 +45,88 @@ def test_alternate_times_both_senders_on_new_tickets_in_turn():
     assert [batch for _, batch in sent] == [[n] for n in range(100, 108)]
     assert {name: len(t) for name, t in times.items()} == {"server": 3, "engine": 3}
     assert all(x >= 0 for t in times.values() for x in t)
+
+
+def test_peers_alternately_pairs_prism_with_each_peer_on_new_tickets_and_keeps_the_drivers_clock():
+    """The ratio targets' rounds: for each peer, (a) then (b), Prism's engine and the peer in turn on new
+    tickets (order swapped every round), the peer's time the seconds its driver reports, not the wall
+    clock around the call; every session closed."""
+    sent, closed = [], []
+
+    class Session:  # a unit-test stand-in for driver_io.DriverSession
+        def __init__(self, label):
+            self.label = label
+
+        def call(self, prompts):
+            sent.append((self.label, prompts))
+            return {"seconds": 7.0 if self.label == "p" else 9.0, "probabilities": []}
+
+        def close(self):
+            closed.append(self.label)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    def prism(batch):
+        sent.append(("prism", batch))
+
+    ids = lambda batch: [r["material"] for r in batch]  # noqa: E731 -- a batch's "prompts": its materials
+    out = peers_alternately(prism, {"p": lambda: Session("p"), "q": lambda: Session("q")}, iter(range(1, 100)), ids, 2)
+    assert list(out) == ["a: 1 ticket x 3 questions", "b: 3 tickets x 1 question"] and closed == ["p", "q"]
+    assert [who for who, _ in sent[:6]] == ["prism", "p", "p", "prism", "prism", "p"]  # (a) with p: 3 rounds
+    assert [who for who, _ in sent[6:12]] == ["prism", "p", "p", "prism", "prism", "p"]  # (b) with p
+    materials = [m for who, batch in sent for m in (batch if who != "prism" else [r["material"] for r in batch])]
+    assert len(materials) == len(set(materials)) == 2 * 2 * 3 * (1 + 3)  # peers x workloads x rounds x requests
+    for w in out:
+        assert out[w]["p"]["peer"] == [7.0, 7.0] and out[w]["q"]["peer"] == [9.0, 9.0]
+        assert len(out[w]["p"]["prism"]) == 2 and all(0 <= x < 1 for x in out[w]["p"]["prism"])
+
+
+FAKE_DRIVER = """
+import json, sys, time
+sys.path.insert(0, {bench!r})
+from driver_io import driver_calls
+spec = json.load(open(sys.argv[1]))
+calls, answer = driver_calls(spec)
+print("an engine's chatter on stdout")  # must not reach the session's pipe
+if answer:
+    answer({{"ready": True}})
+count = 0
+for call in calls:
+    count += 1
+    if answer:
+        answer({{"seconds": 0.25 * count, "probabilities": [[1.0] for _ in call]}})
+json.dump({{"seconds": [], "rss_bytes": 1, "startup_seconds": 0.0, "calls": count}}, open(sys.argv[2], "w"))
+"""
+
+
+def test_a_driver_session_answers_call_by_call_and_stops_the_driver_between_calls(tmp_path):
+    """driver_io's session: one JSON line per call each way, the driver's other output kept off the pipe,
+    the driver stopped (SIGSTOP) between calls so it takes no CPU from what is timed next, OUT at close."""
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+    from driver_io import DriverSession
+
+    script = tmp_path / "driver.py"
+    script.write_text(FAKE_DRIVER.format(bench=str(Path(__file__).resolve().parent.parent / "bench")))
+    with DriverSession(Path(sys.executable), str(script), {"x": 1}) as session:
+        first = session.call([([1, 2], [3, 4]), ([5], [6, 7])])
+        assert first == {"seconds": 0.25, "probabilities": [[1.0], [1.0]]}
+        driver = psutil.Process(session.proc.pid)
+        for _ in range(100):  # a signal is delivered asynchronously
+            if driver.status() == psutil.STATUS_STOPPED:
+                break
+            time.sleep(0.02)
+        assert driver.status() == psutil.STATUS_STOPPED
+        assert session.call([([1], [2])])["seconds"] == 0.5
+        out = session.close()
+    assert out["calls"] == 2 and session.proc.returncode == 0
 
 
 def test_the_w8a8_checkpoint_calibrates_on_prisms_gptq_prompts(model_dir):
