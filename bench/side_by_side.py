@@ -321,6 +321,46 @@ class VllmServer:
         self.proc.wait(timeout=60)
 
 
+SETTLE_S = 3.0  # after a run vLLM's threads spin on for ~2 s (a core's third, measured): wait them out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and its descendants."""
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+
+def throughput_in_turn(prism_send, prism_pid: int, prism_base: int, ids, concurrency: list[int], model_dir: Path,
+                       startup: dict, memory: dict) -> tuple[list[float], list[float], dict[str, float]]:
+    """Requests/s of Prism's server (up, `prism_send`) and vLLM's (started here: its start-up and memory
+    recorded) at each concurrency level, one level of each in turn: run as two phases minutes apart, the
+    machine's phases moved their ratio by more than the target's margin. The idle server waits on its
+    sockets meanwhile; returned with the rates: CPU seconds each server used while the other was timed
+    (what shows that it did)."""
+    print("vLLM server", flush=True)
+    t0 = time.perf_counter()
+    server = VllmServer(model_dir)
+    startup["vLLM bf16 (its caches as they are)"] = time.perf_counter() - t0
+    prism, vllm, idle = [], [], {"Prism's server while vLLM's ran": 0.0, "vLLM's server while Prism's ran": 0.0}
+    try:
+        server.send(ids(workload_a(VLLM_TICKETS - 1)))  # warm-up (Prism's server is warm from (a)-(c))
+        for c in concurrency:
+            requests = [ids(t) for t in throughput_tickets(VLLM_TICKETS, c)]  # tokenised before either clock
+            time.sleep(SETTLE_S)
+            before = tree_cpu_seconds(server.proc.pid)
+            prism.append(throughput(prism_send, c, throughput_tickets(prism_base, c)))
+            idle["vLLM's server while Prism's ran"] += tree_cpu_seconds(server.proc.pid) - before
+            before = tree_cpu_seconds(prism_pid)
+            vllm.append(throughput(server.send, c, requests))
+            idle["Prism's server while vLLM's ran"] += tree_cpu_seconds(prism_pid) - before
+        memory["vLLM server bf16 prefix on (server processes)"] = process_tree_rss(server.proc.pid)
+    finally:
+        server.stop()
+    return prism, vllm, idle
+
+
 # ------------------------------------------------------------------------------------------ main
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -411,7 +451,7 @@ def main() -> None:
             startup[f"Prism int8 ({state}: calibration and kernel library "
                     f"{'computed and built' if state == 'cold' else 'from their caches'})"] = prism_startup_seconds(
                 options, folder)
-    throughput_rows = {}
+    throughput_rows, idle_cpu = {}, {}
     overhead: dict[str, dict[str, list[float]]] = {}  # workload -> server / engine seconds, alternately
     servers = {  # label: (precision, extra config.pbtxt parameters, whether it also serves (c) and (d))
         "prism triton int8": ("int8", {}, True),
@@ -435,6 +475,11 @@ def main() -> None:
                     times[w][label] = timed(send_batch, bs)
             if full:
                 memory[label + " (server: tritonserver + stubs)"] = process_tree_rss(server.process.pid)
+            if full and vllm and label == "prism triton int8":  # the requests/s target: level by level in turn
+                throughput_rows[label], throughput_rows["vLLM server bf16 prefix on"], idle_cpu = throughput_in_turn(
+                    send_batch, server.process.pid, prism_tickets(index), ids, concurrency, args.model_dir, startup,
+                    memory)
+            elif full:
                 throughput_rows[label] = [throughput(send_batch, c, throughput_tickets(prism_tickets(index), c))
                                           for c in concurrency]
             if label == "prism triton int8":  # the overhead target: server and engine alternately, new tickets
@@ -443,18 +488,6 @@ def main() -> None:
                 overhead = {w: alternate({"server": send_batch, "engine": engine.decide_many}, make, ticket, reps)
                             for w, make in workload_makers(fractions).items()}
                 del engine
-    if vllm:
-        print("vLLM server", flush=True)
-        t0 = time.perf_counter()
-        server = VllmServer(args.model_dir)
-        startup["vLLM bf16 (its caches as they are)"] = time.perf_counter() - t0
-        try:
-            server.send(ids(workload_a(VLLM_TICKETS - 1)))  # warm-up (Prism's server is warm from (a)-(c))
-            throughput_rows["vLLM server bf16 prefix on"] = [
-                throughput(server.send, c, [ids(t) for t in throughput_tickets(VLLM_TICKETS, c)]) for c in concurrency]
-            memory["vLLM server bf16 prefix on (server processes)"] = process_tree_rss(server.proc.pid)
-        finally:
-            server.stop()
 
     engine_code = ("from prism_backend.config import EngineConfig; from prism_backend.serving.pipeline import DecisionPipeline; "
                    "from pathlib import Path; p = DecisionPipeline(EngineConfig(model_dir=Path({d!r}), precision={p!r}, "
@@ -466,7 +499,7 @@ def main() -> None:
     print("eval subset", flush=True)
     accuracy = eval_subset(args.model_dir, args.eval_limit, vllm, args.w8a8_dir if vllm else None)
     write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
-                 startup, accuracy, overhead, versus)
+                 startup, accuracy, overhead, versus, idle_cpu)
 
 
 PRISM_DEFAULT_PLAN = {"Prism int8 (default)": {}}
@@ -505,7 +538,8 @@ def accuracy_rows(accuracy: dict[str, dict[str, float]]) -> list[str]:
 
 def write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps,
                  forest_tokens: int, startup: dict[str, float], accuracy: dict[str, dict[str, float]],
-                 overhead: dict[str, dict[str, list[float]]], versus: dict[str, dict[str, dict]]) -> None:
+                 overhead: dict[str, dict[str, list[float]]], versus: dict[str, dict[str, dict]],
+                 idle_cpu: dict[str, float]) -> None:
     base = "prism engine int8"
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
     lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {machine()}, {time.strftime('%Y-%m-%d')}.", "",
@@ -524,6 +558,10 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
               "|---|" + "---|" * len(concurrency)]
     for label, row in throughput_rows.items():
         lines.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
+    if idle_cpu:
+        lines += ["", "Prism's int8 server and vLLM's measured level by level in turn (both up, the idle one waiting "
+                  f"on its sockets, {SETTLE_S:.0f} s between runs); CPU seconds the idle one used meanwhile: " +
+                  ", ".join(f"{k} {v:.2f} s" for k, v in idle_cpu.items()) + "."]
     lines += ["", "## Through tritonserver against the engine, alternately", "",
               f"The int8 default, prefix cache off, {reps} rounds per workload, each one new batch through the "
               "server (HTTP, the batch's requests sent together) and one through the engine in this process, "
