@@ -130,7 +130,7 @@ def peers_alternately(engine_send, sessions: dict, ticket, ids, rounds: int) -> 
     (`alternate`): sessions, label -> a function starting the peer's driver session
     (driver_io.DriverSession, which keeps the peer stopped while Prism runs); ids: a batch's prompt and
     candidate ids. -> workload -> label -> {"prism": seconds, "peer": seconds} per round."""
-    makers = {w: make for w, make in workload_makers(()).items()}  # (a) and (b)
+    makers = workload_makers(())  # (a) and (b)
     out: dict[str, dict[str, dict]] = {w: {} for w in makers}
     for label, start in sessions.items():
         print(label + ", alternately", flush=True)
