@@ -4,9 +4,11 @@ side_by_side.py for a machine where its Hugging Face bf16 and matmul-peak phases
 
     .venv/bin/python bench/vllm_ab.py [--repeats 3]
 
-Each engine alone on the same cores, one after another, on the same token ids; every repeat a
-ticket no engine has seen (+1 warm-up ticket). Prism: the engine in-process (prefix cache off) in
-int8 (the default), int8 with faster precision plans (down kept exact; nothing kept exact), exact
+Each engine alone on the same cores, on the same token ids; every repeat a ticket no engine has seen
+(+1 warm-up ticket). Prism's plans run one after another; each peer runs alternately with Prism's
+default (side_by_side.peers_alternately: a ticket through each in turn, the peer's driver kept up
+and stopped between its calls), and its ratio is to the default's time in those same rounds.
+Prism: the engine in-process (prefix cache off) in int8 (the default), int8 with faster precision plans (down kept exact; nothing kept exact), exact
 and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16 with prefix caching on and off,
 in fp32 with prefix caching on (the faster dtype where the CPU has no bf16 instructions), and
 serving llm-compressor's W8A8 checkpoint with prefix caching on where `make bench` made one
@@ -26,9 +28,9 @@ from pathlib import Path
 import torch
 
 from side_by_side import (LLAMA_LABEL, THREADS, W8A8_LABEL, PromptIds, accuracy_rows, eval_subset,  # noqa: E402
-                          peer_times, timed, workload_a, workload_b)
-from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, run_llama_cpp  # noqa: E402
-from vllm_driver import run_vllm  # noqa: E402
+                          peers_alternately, timed, workload_a, workload_b)
+from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, llama_cpp_session  # noqa: E402
+from vllm_driver import vllm_session  # noqa: E402
 from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import write_result  # noqa: E402
 
@@ -50,7 +52,6 @@ def main() -> None:
     workloads = {"a: 1 ticket x 3 questions": [workload_a(next(ticket)) for _ in range(args.repeats + 1)],
                  "b: 3 tickets x 1 question": [workload_b(next(ticket)) for _ in range(args.repeats + 1)]}
     ids = PromptIds(args.model_dir)
-    prompts = {w: [ids(b) for b in bs] for w, bs in workloads.items()}
     times: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
     prism = {"prism int8 (default)": {"precision": "int8"},
              "prism int8, down kept exact": {"precision": "int8", "keep_exact": "down"},
@@ -69,21 +70,18 @@ def main() -> None:
                  ("vLLM fp32 prefix on", args.model_dir, "float32", True)]
     if args.w8a8_dir.exists():
         vllm_runs.append((W8A8_LABEL, args.w8a8_dir, "bfloat16", True))
-    for label, checkpoint, dtype, on in vllm_runs:
-        print(label, flush=True)
-        peer, _ = peer_times(lambda calls: run_vllm(calls, on, checkpoint, dtype), workloads, prompts, args.repeats)
-        for w, t in peer.items():
-            times[w][label] = t
+    sessions = {label: (lambda checkpoint=checkpoint, dtype=dtype, on=on: vllm_session(on, checkpoint, dtype))
+                for label, checkpoint, dtype, on in vllm_runs}
     if LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
-        label = LLAMA_LABEL
-        print(label, flush=True)
         if not args.gguf.exists():
             convert(args.model_dir, args.gguf)
-        peer, _ = peer_times(lambda calls: run_llama_cpp(calls, args.gguf, THREADS), workloads, prompts, args.repeats)
-        for w, t in peer.items():
-            times[w][label] = t
+        sessions[LLAMA_LABEL] = lambda: llama_cpp_session(args.gguf, THREADS)
     else:
         print(f"llama.cpp skipped: {LLAMA_PYTHON} not found (make bench builds it)", flush=True)
+    # each peer against the default alternately (side_by_side.peers_alternately), on tickets of its own
+    engine = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS), REGISTRY)
+    versus = peers_alternately(engine.decide_many, sessions, ticket, ids, args.repeats)
+    del engine
     print("eval subset", flush=True)
     plans = {label.replace("prism", "Prism"): {k: v for k, v in settings.items() if k != "precision"}
              for label, settings in prism.items() if settings["precision"] == "int8"}
@@ -91,8 +89,10 @@ def main() -> None:
     base = "prism int8 (default)"
     lines = ["# Prism engine vs vLLM's CPU build, workloads (a) and (b)", "",
              f"`.venv/bin/python bench/vllm_ab.py --repeats {args.repeats}`: {THREADS} thread(s), CPU capability "
-             f"{torch.backends.cpu.get_cpu_capability()}, median of {args.repeats} new tickets per engine, engines "
-             "one after another.", "",
+             f"{torch.backends.cpu.get_cpu_capability()}, median of {args.repeats} new tickets per engine. Prism's "
+             "plans one after another; each peer alternately with Prism's default (one new ticket through each in "
+             "turn, the peer stopped between its calls: side_by_side.peers_alternately), its ratio to the default's "
+             "time in those same rounds.", "",
              "| workload | engine | ms (median) | min-max ms | Prism default speed vs this engine |", "|---|---|---|---|---|"]
     for w in workloads:
         ours = statistics.median(times[w][base])
@@ -100,6 +100,11 @@ def main() -> None:
             med = statistics.median(t)
             lines.append(f"| {w} | {label} | {1000 * med:.0f} | {1000 * min(t):.0f}-{1000 * max(t):.0f} | "
                          f"{med / ours:.2f}x |")
+        for label, t in versus[w].items():
+            med, prism_med = statistics.median(t["peer"]), statistics.median(t["prism"])
+            lines.append(f"| {w} | {label} (alternately; the default {1000 * prism_med:.0f} ms in those rounds) | "
+                         f"{1000 * med:.0f} | {1000 * min(t['peer']):.0f}-{1000 * max(t['peer']):.0f} | "
+                         f"{med / prism_med:.2f}x |")
     lines += ["", f"Probability error against Prism fp32 on the eval subset (the first {args.eval_limit} documents "
               "of each set, the same prompt tokens for every engine; err = max over a decision's options of "
               "|p - p_fp32|):", ""] + accuracy_rows(accuracy)
