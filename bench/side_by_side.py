@@ -148,6 +148,25 @@ EXACT_LABEL = "prism engine exact (13-bit)"
 EIGHT_BIT_LABEL = "prism engine int8, every projection 8-bit"  # keep_exact='': faster, ~1.6x the default's error
 
 
+def peer_sessions(model_dir: Path, w8a8_dir: Path, gguf: Path, vllm: bool, vllm_fp32: bool = False) -> dict:
+    """peers_alternately's `sessions`: label -> a function starting that peer's driver session. vLLM
+    (where `vllm`) in bf16 with and without prefix caching, in fp32 with it where `vllm_fp32`, serving
+    the W8A8 checkpoint where there is one; llama.cpp where its virtualenv is (the GGUF converted if
+    missing)."""
+    runs = []
+    if vllm:
+        runs = [("vLLM bf16 prefix on", model_dir, "bfloat16", True), ("vLLM bf16 prefix off", model_dir, "bfloat16", False)]
+        runs += [("vLLM fp32 prefix on", model_dir, "float32", True)] if vllm_fp32 else []
+        runs += [(W8A8_LABEL, w8a8_dir, "bfloat16", True)] if w8a8_dir.exists() else []
+    sessions = {label: (lambda checkpoint=checkpoint, dtype=dtype, on=on: vllm_session(on, checkpoint, dtype))
+                for label, checkpoint, dtype, on in runs}
+    if LLAMA_PYTHON.exists():
+        if not gguf.exists():
+            convert(model_dir, gguf)
+        sessions[LLAMA_LABEL] = lambda: llama_cpp_session(gguf, THREADS)
+    return sessions
+
+
 def peer_times(run, workloads: dict, prompts: dict, reps: int) -> tuple[dict[str, list[float]], dict]:
     """A peer engine's driver (`run(calls)` -> its OUT dict) on one throw-away call, then every
     workload's calls in order -> (per workload its times without its first, warm-up, ticket; OUT)."""
@@ -430,14 +449,8 @@ def main() -> None:
         for w, t in peer.items():
             times[w][label] = t
         memory[label + " (process)"] = out["rss_bytes"] / 2**30
-    sessions = {}  # the peers again, each alternately with Prism's engine: what the ratio targets read
-    if vllm:
-        sessions["vLLM bf16 prefix on"] = lambda: vllm_session(True, args.model_dir)
-        sessions["vLLM bf16 prefix off"] = lambda: vllm_session(False, args.model_dir)
-        if args.w8a8_dir.exists():
-            sessions[W8A8_LABEL] = lambda: vllm_session(True, args.w8a8_dir)
-    if LLAMA_PYTHON.exists():
-        sessions[LLAMA_LABEL] = lambda: llama_cpp_session(DEFAULT_GGUF, THREADS)
+    # the peers again, each alternately with Prism's engine: what the ratio targets read
+    sessions = peer_sessions(args.model_dir, args.w8a8_dir, DEFAULT_GGUF, vllm)
     engine = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS), REGISTRY)
     versus = peers_alternately(engine.decide_many, sessions, ticket, ids, reps)
     del engine

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import torch
 
-from side_by_side import (LLAMA_LABEL, THREADS, W8A8_LABEL, PromptIds, accuracy_rows, eval_subset,  # noqa: E402
-                          peers_alternately, timed, workload_a, workload_b)
-from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, llama_cpp_session  # noqa: E402
-from vllm_driver import vllm_session  # noqa: E402
+from side_by_side import (THREADS, PromptIds, accuracy_rows, eval_subset, peer_sessions, peers_alternately,  # noqa: E402
+                          timed, workload_a, workload_b)
+from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON  # noqa: E402
 from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import write_result  # noqa: E402
 
@@ -65,18 +64,8 @@ def main() -> None:
         for w, bs in workloads.items():
             times[w][label] = timed(pipeline.decide_many, bs)
         del pipeline
-    vllm_runs = [("vLLM bf16 prefix on", args.model_dir, "bfloat16", True),
-                 ("vLLM bf16 prefix off", args.model_dir, "bfloat16", False),
-                 ("vLLM fp32 prefix on", args.model_dir, "float32", True)]
-    if args.w8a8_dir.exists():
-        vllm_runs.append((W8A8_LABEL, args.w8a8_dir, "bfloat16", True))
-    sessions = {label: (lambda checkpoint=checkpoint, dtype=dtype, on=on: vllm_session(on, checkpoint, dtype))
-                for label, checkpoint, dtype, on in vllm_runs}
-    if LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
-        if not args.gguf.exists():
-            convert(args.model_dir, args.gguf)
-        sessions[LLAMA_LABEL] = lambda: llama_cpp_session(args.gguf, THREADS)
-    else:
+    sessions = peer_sessions(args.model_dir, args.w8a8_dir, args.gguf, vllm=True, vllm_fp32=True)
+    if not LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
         print(f"llama.cpp skipped: {LLAMA_PYTHON} not found (make bench builds it)", flush=True)
     # each peer against the default alternately (side_by_side.peers_alternately), on tickets of its own
     engine = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS), REGISTRY)

@@ -85,6 +85,19 @@ def test_peers_alternately_pairs_prism_with_each_peer_on_new_tickets_and_keeps_t
         assert len(out[w]["p"]["prism"]) == 2 and all(0 <= x < 1 for x in out[w]["p"]["prism"])
 
 
+def test_peer_sessions_name_the_peers_the_targets_read(tmp_path, monkeypatch):
+    """The sessions' labels are the ones write_report's ratio targets look up; nothing starts until called."""
+    import side_by_side
+
+    monkeypatch.setattr(side_by_side, "LLAMA_PYTHON", tmp_path / "absent")
+    sessions = side_by_side.peer_sessions(tmp_path, tmp_path, tmp_path / "m.gguf", vllm=True, vllm_fp32=True)
+    assert list(sessions) == ["vLLM bf16 prefix on", "vLLM bf16 prefix off", "vLLM fp32 prefix on",
+                              side_by_side.W8A8_LABEL]
+    assert list(side_by_side.peer_sessions(tmp_path, tmp_path / "absent", tmp_path, vllm=True)) == [
+        "vLLM bf16 prefix on", "vLLM bf16 prefix off"]
+    assert side_by_side.peer_sessions(tmp_path, tmp_path, tmp_path, vllm=False) == {}
+
+
 FAKE_DRIVER = """
 import json, sys, time
 sys.path.insert(0, {bench!r})
