@@ -189,3 +189,26 @@ def test_the_eval_subset_scores_every_engine_against_prism_fp32(model_dir, tmp_p
         assert rows[name]["mean_err"] == pytest.approx(np.mean(errors), abs=1e-6)
         assert rows[name]["max_err"] == pytest.approx(max(errors), abs=1e-6)
     assert 0 < rows["Prism int8 (default)"]["mean_err"] < 0.05
+
+
+def test_layer_sensitivity_serves_exactly_the_plans_projections_exact():
+    """bench/layer_sensitivity.py mixes the default's and the all-8-bit engine's projections: the
+    (name, layer) pairs of the plan keep the default's, every other qkv / down is the 8-bit one's --
+    in the last layer both halves of qkv (q and kv)."""
+    from types import SimpleNamespace as NS
+
+    from layer_sensitivity import serve_plan
+
+    def engine(tag):
+        layers = [NS(qkv=f"{tag}qkv0", q=None, kv=None, down=f"{tag}down0", o=f"{tag}o0"),
+                  NS(qkv=None, q=f"{tag}q1", kv=f"{tag}kv1", down=f"{tag}down1", o=f"{tag}o1")]
+        return NS(engine=NS(model=NS(proj=layers)))
+
+    target = engine("exact:")
+    serve_plan(target, engine("8bit:"), {("qkv", 1), ("down", 0)})
+    assert [vars(p) for p in target.engine.model.proj] == [
+        {"qkv": "8bit:qkv0", "q": None, "kv": None, "down": "exact:down0", "o": "exact:o0"},
+        {"qkv": None, "q": "exact:q1", "kv": "exact:kv1", "down": "8bit:down1", "o": "exact:o1"}]
+    serve_plan(target, engine("8bit:"), set())
+    assert {p.down for p in target.engine.model.proj} == {"8bit:down0", "8bit:down1"}
+    assert target.engine.model.proj[1].q == "8bit:q1" and target.engine.model.proj[1].kv == "8bit:kv1"

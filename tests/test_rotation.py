@@ -234,7 +234,14 @@ def test_the_default_plan_keeps_down_and_qkv_exact_and_an_empty_parameter_keeps_
     assert everything_8bit.exact_plan == () and not everything_8bit.keeps_exact("down", 0)
 
 
-@pytest.mark.parametrize("bad", ["mlp", "down@x", "down@"])
+def test_a_plan_names_layer_ranges_both_ends_included(tmp_path):
+    plan = EngineConfig(model_dir=tmp_path, keep_exact="qkv@0-2, down@5")
+    assert plan.exact_plan == (("qkv", 0), ("qkv", 1), ("qkv", 2), ("down", 5))
+    assert [layer for layer in range(8) if plan.keeps_exact("qkv", layer)] == [0, 1, 2]
+    assert [layer for layer in range(8) if plan.keeps_exact("down", layer)] == [5]
+
+
+@pytest.mark.parametrize("bad", ["mlp", "down@x", "down@", "down@3-1", "down@1-", "down@-2", "down@1-x"])
 def test_a_bad_plan_is_rejected(tmp_path, bad):
     with pytest.raises(ConfigError, match="keep_exact"):
         EngineConfig(model_dir=tmp_path, keep_exact=bad)
