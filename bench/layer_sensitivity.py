@@ -84,14 +84,11 @@ def main() -> None:
     default = DecisionPipeline(EngineConfig(**common), REGISTRY_PATH)
     eight_bit = DecisionPipeline(EngineConfig(**common, keep_exact=""), REGISTRY_PATH)
     layers = len(default.engine.model.proj)
-    exact = {(name, layer): [getattr(default.engine.model.proj[layer], s) for s in slot_names(default.engine.model.proj[layer], name)]
-             for name in ("qkv", "down") for layer in range(layers)}
+    served = [dict(vars(p)) for p in default.engine.model.proj]  # the default's projections, to go back to
 
     def restore():
-        for (name, layer), objects in exact.items():
-            proj = default.engine.model.proj[layer]
-            for slot, obj in zip(slot_names(proj, name), objects):
-                setattr(proj, slot, obj)
+        for proj, projections in zip(default.engine.model.proj, served):
+            vars(proj).update(projections)
 
     t0 = time.perf_counter()
     base = probabilities(default, docs)
@@ -108,27 +105,29 @@ def main() -> None:
     single = []
     for name in () if args.no_single else ("qkv", "down"):
         for layer in range(layers):
-            plan = set(exact) - {(name, layer)}
+            plan = {(n, i) for n in ("qkv", "down") for i in range(layers)} - {(name, layer)}
             serve_plan(default, eight_bit, plan)
             single.append((f"{name}@{layer} in 8 bits", *measure(probabilities(default, docs))))
             restore()
             print(single[-1], flush=True)
     for spec in args.plans:
         config = EngineConfig(**common, keep_exact=spec)
+        if any(name not in ("qkv", "down") for name, _ in config.exact_plan):
+            raise SystemExit(f"{spec!r}: only qkv and down can be kept exact here (the default's exact set)")
         plan = {(name, layer) for name in ("qkv", "down") for layer in range(layers) if config.keeps_exact(name, layer)}
         serve_plan(default, eight_bit, plan)
         rows.append((f"plan `{spec}`", *measure(probabilities(default, docs))))
         restore()
         print(rows[-1], flush=True)
-    table = ["| served | agreement with fp32 | mean err | max err | mean |p - p_default| |", "|---|---|---|---|---|"]
+    table = ["| served | agreement with fp32 | mean err | max err | mean \\|p - p_default\\| |", "|---|---|---|---|---|"]
     table += [f"| {r[0]} | {r[1]:.4f} | {r[2]:.4f} | {r[3]:.4f} | {r[4]:.4f} |"
               for r in rows + sorted(single, key=lambda r: r[4])]
     command = " ".join([f"--every {args.every}", *(["--plans", *(f'"{p}"' for p in args.plans)] if args.plans else []),
                         *(["--no-single"] if args.no_single else [])])
     lines = ["# Which exact projections the int8 default needs", "",
              f"`.venv/bin/python bench/layer_sensitivity.py {command}`, {time.strftime('%Y-%m-%d')}, {machine()}, "
-             f"{torch.get_num_threads()} threads: {len(docs)} documents, {len(fp32)} decisions (every {args.every}th "
-             "of the eval), against the committed fp32 reference; single rows sorted by how far they move the "
+             f"{torch.get_num_threads()} threads: {len(docs)} documents, {len(fp32)} decisions (one eval document "
+             f"in {args.every}), against the committed fp32 reference; single rows sorted by how far they move the "
              "default's probabilities.", "", *table]
     write_result("layer_sensitivity.md" if not args.no_single else "layer_sensitivity_plans.md", lines)
 
