@@ -45,16 +45,7 @@ def subset(every: int) -> tuple[list[dict], list[int]]:
 
 
 def probabilities(pipeline: DecisionPipeline, docs: list[dict]) -> list[np.ndarray]:
-    probs = []
-    for start in range(0, len(docs), run_eval.BATCH):
-        chunk = docs[start : start + run_eval.BATCH]
-        results, _ = pipeline.decide_many([{"material": d["material"], "tasks": [t["task"] for t in d["tasks"]]}
-                                           for d in chunk])
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-            probs.extend(np.array(list(d["probabilities"].values()), np.float64) for d in result)
-    return probs
+    return [np.array(list(d["probabilities"].values()), np.float64) for d in run_eval.decide(pipeline, docs)]
 
 
 def slot_names(proj, name: str) -> tuple[str, ...]:
@@ -80,6 +71,7 @@ def main() -> None:
     docs, indices = subset(args.every)
     ref = run_eval._read_json(REFERENCE)
     fp32 = [np.array(ref["fp32"][i], np.float64) for i in indices]
+    options, labels = [ref["options"][i] for i in indices], [t["label"] for d in docs for t in d["tasks"]]
     common = dict(model_dir=DEFAULT_MODEL_DIR, precision="int8", prefix_cache_bytes=0)
     default = DecisionPipeline(EngineConfig(**common), REGISTRY_PATH)
     eight_bit = DecisionPipeline(EngineConfig(**common, keep_exact=""), REGISTRY_PATH)
@@ -94,11 +86,10 @@ def main() -> None:
     base = probabilities(default, docs)
     seconds = time.perf_counter() - t0
 
-    def measure(probs):
-        err = [float(np.abs(p - r).max()) for p, r in zip(probs, fp32)]
-        moved = [float(np.abs(p - b).max()) for p, b in zip(probs, base)]
-        agree = float(np.mean([p.argmax() == r.argmax() for p, r in zip(probs, fp32)]))
-        return agree, float(np.mean(err)), max(err), float(np.mean(moved))
+    def measure(probs):  # the eval's measures against fp32, and how far the default's probabilities moved
+        m = run_eval.measures(probs, fp32, options, labels)
+        moved = float(np.mean([np.abs(p - b).max() for p, b in zip(probs, base)]))
+        return m["agreement"], m["mean_err"], m["max_err"], moved
 
     rows = [("default (`down,qkv`)", *measure(base))]
     print(rows[-1], f"{seconds:.1f} s a pass", flush=True)

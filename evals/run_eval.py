@@ -44,7 +44,11 @@ def load(limit: int | None) -> list[dict]:
 
 
 def run_engine(config: EngineConfig, docs: list[dict], return_prompt_ids: bool = False) -> list[dict]:
-    pipeline = DecisionPipeline(config, REGISTRY)
+    return decide(DecisionPipeline(config, REGISTRY), docs, return_prompt_ids)
+
+
+def decide(pipeline: DecisionPipeline, docs: list[dict], return_prompt_ids: bool = False) -> list[dict]:
+    """Every decision of `docs`, in order, through `pipeline`, BATCH documents per forest."""
     decisions = []
     for start in range(0, len(docs), BATCH):
         chunk = docs[start : start + BATCH]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -174,16 +175,15 @@ class EngineConfig:
         """keep_exact parsed: (projection, layer or None for every layer) pairs."""
         plan = []
         for item in filter(None, (part.strip() for part in self.keep_exact.split(","))):
-            name, at, layers = item.partition("@")
-            first, dash, last = layers.partition("-")
-            if (name not in PROJECTIONS or (at and not (first.isdigit() and (not dash or last.isdigit())))
-                    or (dash and int(last) < int(first))):
+            match = re.fullmatch(r"([^@]+)(?:@([0-9]+)(?:-([0-9]+))?)?", item)  # name[@first[-last]]
+            name, first, last = match.groups() if match else (None, None, None)
+            if name not in PROJECTIONS or (last is not None and int(last) < int(first)):
                 raise ConfigError(f"keep_exact: {item!r} is not a projection out of {PROJECTIONS}, "
                                   "optionally with @layer or @first-last (e.g. 'down', 'down@0', 'qkv@0-14')")
-            if not at:
+            if first is None:
                 plan.append((name, None))
             else:
-                plan.extend((name, layer) for layer in range(int(first), int(last if dash else first) + 1))
+                plan.extend((name, layer) for layer in range(int(first), int(last or first) + 1))
         return tuple(plan)
 
     def keeps_exact(self, name: str, layer: int) -> bool:
