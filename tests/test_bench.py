@@ -85,6 +85,21 @@ def test_peers_alternately_pairs_prism_with_each_peer_on_new_tickets_and_keeps_t
         assert len(out[w]["p"]["prism"]) == 2 and all(0 <= x < 1 for x in out[w]["p"]["prism"])
 
 
+def test_the_same_width_section_reports_the_rungs_rounds_against_w8a8():
+    """The 8-bit rung's pairing with vLLM's W8A8 checkpoint: the ratio of the medians per workload,
+    the rounds' spread, and nothing at all where the pairing did not run (no checkpoint)."""
+    from side_by_side import W8A8_LABEL, same_width_section
+
+    rounds = {"a: 1 ticket x 3 questions": {W8A8_LABEL: {"prism": [0.30, 0.40, 0.35], "peer": [0.60, 0.50, 0.70]}},
+              "b: 3 tickets x 1 question": {W8A8_LABEL: {"prism": [0.40, 0.20, 0.30], "peer": [0.30, 0.30, 0.36]}}}
+    lines, ratios = same_width_section(rounds)
+    assert ratios == pytest.approx({"a: 1 ticket x 3 questions": 0.60 / 0.35, "b: 3 tickets x 1 question": 1.0})
+    rows = [line for line in lines if line.startswith(("| a:", "| b:"))]
+    assert rows == [f"| a: 1 ticket x 3 questions | {W8A8_LABEL} | 350 | 600 | 1.71x | 1.25-2.00x |",
+                    f"| b: 3 tickets x 1 question | {W8A8_LABEL} | 300 | 300 | 1.00x | 0.75-1.50x |"]
+    assert same_width_section({}) == ([], {})
+    assert same_width_section({"a: 1 ticket x 3 questions": {}}) == ([], {})
+
 def test_peer_sessions_name_the_peers_the_targets_read(tmp_path, monkeypatch):
     """The sessions' labels are the ones write_report's ratio targets look up; nothing starts until called."""
     import side_by_side
