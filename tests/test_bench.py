@@ -206,6 +206,40 @@ def test_the_eval_subset_scores_every_engine_against_prism_fp32(model_dir, tmp_p
     assert 0 < rows["Prism int8 (default)"]["mean_err"] < 0.05
 
 
+def test_the_full_eval_of_the_w8a8_checkpoint_scores_it_on_prism_s_prompt_tokens(model_dir, tmp_path, monkeypatch):
+    """bench/w8a8_full_eval.py: vLLM gets the prompt tokens of Prism's run, in the reference's order,
+    and every engine is scored against the committed fp32 reference overall and per set -- a stand-in
+    answering uniform probabilities shows exactly max |uniform - p_fp32|."""
+    import numpy as np
+
+    import w8a8_full_eval
+    from evals.run_eval import _read_json
+    from layer_sensitivity import REFERENCE, subset
+
+    seen = []
+
+    def uniform_vllm(calls, prefix_caching, checkpoint):  # a unit-test stand-in for vLLM's driver
+        seen.append((calls, prefix_caching, checkpoint))
+        return {"probabilities": [[1 / len(c)] * len(c) for _, c in calls[0]]}
+
+    monkeypatch.setattr(w8a8_full_eval, "run_vllm", uniform_vllm)
+    docs, indices = subset(400)
+    table, seconds = w8a8_full_eval.score(docs, indices, ["down,qkv"], tmp_path, model_dir)
+
+    fp32 = [np.array(_read_json(REFERENCE)["fp32"][i]) for i in indices]
+    tasks = [t for d in docs for t in d["tasks"]]
+    (calls, prefix_caching, checkpoint), = seen
+    assert prefix_caching and checkpoint == tmp_path and len(calls[0]) == len(tasks) == len(fp32)
+    assert [len(c) for _, c in calls[0]] == [len(f) for f in fp32]
+    assert set(table) == {"all"} | {t["set"] for t in tasks}
+    uniform = table["all"][w8a8_full_eval.W8A8_NAME]
+    errors = [float(np.abs(1 / len(f) - f).max()) for f in fp32]
+    assert uniform["mean_err"] == pytest.approx(np.mean(errors)) and uniform["max_err"] == pytest.approx(max(errors))
+    default = table["all"][w8a8_full_eval.plan_name("down,qkv")]
+    assert default["decisions"] == len(tasks) and 0 < default["mean_err"] < 0.05
+    assert sum(table[g][w8a8_full_eval.W8A8_NAME]["decisions"] for g in table if g != "all") == len(tasks)
+    assert set(seconds) == {w8a8_full_eval.plan_name("down,qkv"), w8a8_full_eval.W8A8_NAME}
+
 def test_layer_sensitivity_serves_exactly_the_plans_projections_exact():
     """bench/layer_sensitivity.py mixes the default's and the all-8-bit engine's projections: the
     (name, layer) pairs of the plan keep the default's, every other qkv / down is the 8-bit one's --
