@@ -519,8 +519,9 @@ def main() -> None:
             d=str(args.model_dir), p=precision, r=str(REGISTRY), t=SHARED_TICKET))
     peaks = matmul_peaks()
     print("eval subset", flush=True)
+    rung_plan = {k: v for k, v in engine_configs[EIGHT_BIT_LABEL].items() if k != "precision"}  # keep_exact=''
     accuracy = eval_subset(args.model_dir, args.eval_limit, vllm, args.w8a8_dir if vllm else None,
-                           {**PRISM_DEFAULT_PLAN, EIGHT_BIT_ERROR_LABEL: {"keep_exact": ""}})
+                           {**PRISM_DEFAULT_PLAN, EIGHT_BIT_ERROR_LABEL: rung_plan})
     write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
                  startup, accuracy, overhead, versus, idle_cpu, same_width)
 
@@ -560,6 +561,13 @@ def accuracy_rows(accuracy: dict[str, dict[str, float]]) -> list[str]:
         f"{r['max_err']:.4f} |" for name, r in accuracy.items()]
 
 
+def alternation_row(workload: str, label: str, rounds: dict[str, list[float]], ratio: float) -> str:
+    """One peers_alternately pairing as a table row: medians in ms, the ratio and the rounds' spread."""
+    pairs = sorted(x / y for x, y in zip(rounds["peer"], rounds["prism"]))
+    return (f"| {workload} | {label} | {1000 * statistics.median(rounds['prism']):.0f} | "
+            f"{1000 * statistics.median(rounds['peer']):.0f} | {ratio:.2f}x | {pairs[0]:.2f}-{pairs[-1]:.2f}x |")
+
+
 def same_width_section(same_width: dict[str, dict[str, dict]]) -> tuple[list[str], dict[str, float]]:
     """The report's section on Prism's 8-bit rung against vLLM's W8A8 checkpoint (peers_alternately's
     rounds, workload -> {W8A8_LABEL: {"prism": seconds, "peer": seconds}}) -> (its lines, workload ->
@@ -574,11 +582,7 @@ def same_width_section(same_width: dict[str, dict[str, dict]]) -> tuple[list[str
              "(`keep_exact=''`, every projection 8-bit) in place of the default, its error on the eval subset "
              "in (e) beside the checkpoint's.", "",
              "| workload | peer | Prism 8-bit rung ms | peer ms | peer / Prism | spread |", "|---|---|---|---|---|---|"]
-    for w, ratio in rung_over.items():
-        t = same_width[w][W8A8_LABEL]
-        pairs = sorted(x / y for x, y in zip(t["peer"], t["prism"]))
-        lines.append(f"| {w} | {W8A8_LABEL} | {1000 * statistics.median(t['prism']):.0f} | "
-                     f"{1000 * statistics.median(t['peer']):.0f} | {ratio:.2f}x | {pairs[0]:.2f}-{pairs[-1]:.2f}x |")
+    lines += [alternation_row(w, W8A8_LABEL, same_width[w][W8A8_LABEL], ratio) for w, ratio in rung_over.items()]
     return lines, rung_over
 
 
@@ -631,11 +635,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     peer_over_prism = {w: {label: statistics.median(t["peer"]) / statistics.median(t["prism"]) for label, t in row.items()}
                        for w, row in versus.items()}
     for w, row in versus.items():
-        for label, t in row.items():
-            pairs = sorted(x / y for x, y in zip(t["peer"], t["prism"]))
-            lines.append(f"| {w} | {label} | {1000 * statistics.median(t['prism']):.0f} | "
-                         f"{1000 * statistics.median(t['peer']):.0f} | {peer_over_prism[w][label]:.2f}x | "
-                         f"{pairs[0]:.2f}-{pairs[-1]:.2f}x |")
+        lines += [alternation_row(w, label, t, peer_over_prism[w][label]) for label, t in row.items()]
     same_width_lines, rung_over = same_width_section(same_width or {})
     lines += same_width_lines
     lines += ["", f"## (e) Probability error on the eval subset (the first {args.eval_limit} documents of each set; "

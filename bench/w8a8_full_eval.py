@@ -36,9 +36,10 @@ def plan_name(spec: str) -> str:
 
 
 def score(docs: list[dict], indices: list[int], plans: list[str], w8a8_dir: Path, model_dir: Path = DEFAULT_MODEL_DIR,
-          reference: Path = REFERENCE) -> tuple[dict[str, dict[str, dict]], dict[str, float]]:
+          reference: Path = REFERENCE) -> tuple[dict[str, dict[str, dict]], dict[str, float], dict[str, float]]:
     """Every engine's probabilities for `docs` (whose decisions sit at `indices` of the reference) ->
-    (set -> engine -> run_eval.measures, with "all" for every decision; seconds per engine)."""
+    (set -> engine -> run_eval.measures, with "all" for every decision; seconds per engine; set -> fp32's
+    own accuracy against the labels)."""
     ref = run_eval._read_json(reference)
     fp32, options = [ref["fp32"][i] for i in indices], [ref["options"][i] for i in indices]
     tasks = [t for d in docs for t in d["tasks"]]
@@ -60,11 +61,13 @@ def score(docs: list[dict], indices: list[int], plans: list[str], w8a8_dir: Path
     groups = {"all": range(len(tasks))}
     for name in sorted({t["set"] for t in tasks}):
         groups[name] = [i for i, t in enumerate(tasks) if t["set"] == name]
-    table = {group: {engine: run_eval.measures([ps[i] for i in rows], [fp32[i] for i in rows], [options[i] for i in rows],
-                                               [tasks[i]["label"] for i in rows])
-                     for engine, ps in probs.items()}
-             for group, rows in groups.items()}
-    return table, seconds
+
+    def measures(ps, rows):
+        return run_eval.measures([ps[i] for i in rows], [fp32[i] for i in rows], [options[i] for i in rows],
+                                 [tasks[i]["label"] for i in rows])
+
+    table = {group: {engine: measures(ps, rows) for engine, ps in probs.items()} for group, rows in groups.items()}
+    return table, seconds, {group: measures(fp32, rows)["accuracy"] for group, rows in groups.items()}
 
 
 def table_lines(table: dict[str, dict[str, dict]], fp32_accuracy: dict[str, float]) -> list[str]:
@@ -87,14 +90,8 @@ def main() -> None:
     if not args.w8a8_dir.exists():
         raise SystemExit(f"{args.w8a8_dir} not found: `make bench` makes it (bench/w8a8_checkpoint.py)")
     docs, indices = subset(args.every)
-    table, seconds = score(docs, indices, args.plans, args.w8a8_dir)
-    ref = run_eval._read_json(REFERENCE)
+    table, seconds, fp32_accuracy = score(docs, indices, args.plans, args.w8a8_dir)
     tasks = [t for d in docs for t in d["tasks"]]
-    fp32_accuracy = {group: run_eval.measures([ref["fp32"][indices[i]] for i in rows], [ref["fp32"][indices[i]] for i in rows],
-                                              [ref["options"][indices[i]] for i in rows],
-                                              [tasks[i]["label"] for i in rows])["accuracy"]
-                     for group, rows in [("all", range(len(tasks)))] +
-                     [(g, [i for i, t in enumerate(tasks) if t["set"] == g]) for g in table if g != "all"]}
     plans = " ".join(f'"{p}"' for p in args.plans)
     lines = ["# vLLM's W8A8 checkpoint on the full eval, beside Prism's int8 plans", "",
              f"`.venv/bin/python bench/w8a8_full_eval.py --every {args.every} --plans {plans}`, "

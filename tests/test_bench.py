@@ -100,6 +100,7 @@ def test_the_same_width_section_reports_the_rungs_rounds_against_w8a8():
     assert same_width_section({}) == ([], {})
     assert same_width_section({"a: 1 ticket x 3 questions": {}}) == ([], {})
 
+
 def test_peer_sessions_name_the_peers_the_targets_read(tmp_path, monkeypatch):
     """The sessions' labels are the ones write_report's ratio targets look up; nothing starts until called."""
     import side_by_side
@@ -224,7 +225,7 @@ def test_the_full_eval_of_the_w8a8_checkpoint_scores_it_on_prism_s_prompt_tokens
 
     monkeypatch.setattr(w8a8_full_eval, "run_vllm", uniform_vllm)
     docs, indices = subset(400)
-    table, seconds = w8a8_full_eval.score(docs, indices, ["down,qkv"], tmp_path, model_dir)
+    table, seconds, fp32_accuracy = w8a8_full_eval.score(docs, indices, ["down,qkv"], tmp_path, model_dir)
 
     fp32 = [np.array(_read_json(REFERENCE)["fp32"][i]) for i in indices]
     tasks = [t for d in docs for t in d["tasks"]]
@@ -239,6 +240,11 @@ def test_the_full_eval_of_the_w8a8_checkpoint_scores_it_on_prism_s_prompt_tokens
     assert default["decisions"] == len(tasks) and 0 < default["mean_err"] < 0.05
     assert sum(table[g][w8a8_full_eval.W8A8_NAME]["decisions"] for g in table if g != "all") == len(tasks)
     assert set(seconds) == {w8a8_full_eval.plan_name("down,qkv"), w8a8_full_eval.W8A8_NAME}
+    labels = [t["label"] for t in tasks]
+    options = [_read_json(REFERENCE)["options"][i] for i in indices]
+    assert set(fp32_accuracy) == set(table) and fp32_accuracy["all"] == pytest.approx(
+        np.mean([o[f.argmax()] == label for o, f, label in zip(options, fp32, labels)]))
+
 
 def test_layer_sensitivity_serves_exactly_the_plans_projections_exact():
     """bench/layer_sensitivity.py mixes the default's and the all-8-bit engine's projections: the
