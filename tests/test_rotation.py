@@ -167,7 +167,8 @@ def test_gptq_beats_round_to_nearest_on_the_inputs_it_saw():
 
 
 def test_gptq_integers_are_reproducible(tiny_model_dir, monkeypatch):
-    """The integers the engine serves: computed twice with the cache off, on 1 and 2 threads, the same."""
+    """The integers the engine serves: computed twice with the cache off, the same -- once with the
+    calibration forwards on 2 threads and two matrices quantised at once, once all on 1 thread."""
     monkeypatch.setenv("PRISM_CALIBRATION_CACHE", "off")
     config = EngineConfig(model_dir=tiny_model_dir("llama3"))
     with torch_threads(2):

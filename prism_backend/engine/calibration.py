@@ -103,9 +103,9 @@ def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
     tokenizer = load_tokenizer(config.model_dir)
     # each prompt as one forest with unsplit segments: the statistics do not depend on kv_block_tokens
     forests = [build_forest([r], block_tokens=spec.max_context) for r in calibration_requests(tokenizer)]
-    # one thread, as it always ran; the forward's bits no longer depend on it (exact fixed-point
+    # on the engine's threads: the forward's bits do not depend on their count (exact fixed-point
     # products, Prism's thread-invariant kernels)
-    with torch_threads(1):
+    with torch_threads(config.num_threads):
         return calibrate(_replayable(ForestTransformer(spec, weights)), forests)
 
 
@@ -133,9 +133,16 @@ def _gptq(config: EngineConfig) -> list[dict]:
                                             tuple(weights.embed.shape)))
     tokenizer = load_tokenizer(config.model_dir)
     forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
-    with torch_threads(1):  # GPTQ's LAPACK/BLAS steps in one order (the forward and Hessians are exact)
-        model = _replayable(ForestTransformer(spec, weights, every_row=True))
-        integers = quantize_all(weights, collect_hessians(model, forests))
+    model = _replayable(ForestTransformer(spec, weights, every_row=True))
+    threads = config.num_threads or torch.get_num_threads()
+    # The two forwards on the engine's threads: their products are exact integer sums and the rest
+    # of the forward is Prism's thread-invariant kernels, so any count gives the same bits. GPTQ's
+    # LAPACK/BLAS steps in one order: each matrix on one thread, `threads` matrices at once.
+    with torch_threads(threads):
+        hessians = collect_hessians(model, forests)
+    with torch_threads(1):
+        integers = quantize_all(weights, hessians, workers=threads)
+    with torch_threads(threads):
         corrections = measure_corrections(model, forests, integers)  # a second forward, the same rows
     return [{name: (*ints, layer_corrections[name]) for name, ints in layer.items()}
             for layer, layer_corrections in zip(integers, corrections)]

@@ -26,6 +26,7 @@ rounded to a multiple of 2^-32 and the multiples are summed as int64, in any ord
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -130,13 +131,25 @@ def collect_hessians(model, forests) -> list[dict[str, torch.Tensor]]:
     return hessians
 
 
-def quantize_all(weights, hessians: list[dict[str, torch.Tensor]]) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """GPTQ's 8-bit integers and scales of every projection, per layer (name -> (q, scale))."""
-    integers = []
+def quantize_all(weights, hessians: list[dict[str, torch.Tensor]],
+                 workers: int = 1) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """GPTQ's 8-bit integers and scales of every projection, per layer (name -> (q, scale)).
+    workers: matrices quantised at once, each on one thread of its own start to end (torch's
+    element-wise and LAPACK calls release the GIL) -- with torch's intra-op pool at one thread (the
+    caller's torch_threads(1)), a matrix's steps and their order do not depend on the thread that
+    runs them or on what runs beside it, so neither do its integers."""
+    jobs = []
     for lw, h in zip(weights.layers, hessians):
         named = {"qkv": lw.wqkv, "o": lw.wo, "gate_up": lw.w_gate_up, "down": lw.w_down}
-        integers.append({name: gptq(named[name], h[name]) for name in PROJECTIONS})
-    return integers
+        jobs += [(named[name], h[name]) for name in PROJECTIONS]
+
+    def one(job):
+        torch.set_num_threads(1)  # this thread's OpenMP and MKL settings (thread-local) at one
+        return gptq(*job)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        results = iter(pool.map(one, jobs))
+    return [{name: next(results) for name in PROJECTIONS} for _ in hessians]
 
 
 CORRECTION_BITS = 32  # output errors summed as int64 multiples of 2^-32: exact for |sum| < 2^31
