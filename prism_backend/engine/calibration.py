@@ -123,7 +123,7 @@ def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, to
 
 
 def _gptq(config: EngineConfig) -> list[dict]:
-    from ..model.gptq import collect_hessians, measure_corrections, quantize_all
+    from ..model.gptq import quantize_layer_by_layer
     from ..model.rotation import rotate, rotated_vocab
 
     spec, weights = load_model(config.model_dir)
@@ -135,17 +135,8 @@ def _gptq(config: EngineConfig) -> list[dict]:
     forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
     model = _replayable(ForestTransformer(spec, weights, every_row=True))
     threads = config.num_threads or torch.get_num_threads()
-    # The two forwards on the engine's threads: their products are exact integer sums and the rest
-    # of the forward is Prism's thread-invariant kernels, so any count gives the same bits. GPTQ's
-    # LAPACK/BLAS steps in one order: each matrix on one thread, `threads` matrices at once.
-    with torch_threads(threads):
-        hessians = collect_hessians(model, forests)
-    with torch_threads(1):
-        integers = quantize_all(weights, hessians, workers=threads)
-    with torch_threads(threads):
-        corrections = measure_corrections(model, forests, integers)  # a second forward, the same rows
-    return [{name: (*ints, layer_corrections[name]) for name, ints in layer.items()}
-            for layer, layer_corrections in zip(integers, corrections)]
+    with torch_threads(threads):  # the forward's bits do not depend on the count (quantize_layer_by_layer)
+        return quantize_layer_by_layer(model, forests, workers=threads)
 
 
 def _replayable(model: ForestTransformer) -> ForestTransformer:

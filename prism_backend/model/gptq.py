@@ -9,12 +9,13 @@ columns along H⁻¹'s Cholesky factor, so that the next roundings absorb it.
 
 Reproducible: the Hessian has the same bits on every machine (Hessian.add; its inputs come from a
 forward whose projections are exact, engine/calibration.py), and every step after it is float64
-arithmetic in a fixed order on one thread (the caller's torch_threads(1)). Only the Cholesky
+arithmetic in a fixed order on one thread per matrix (quantize_layer_by_layer). Only the Cholesky
 factorisations and the blocked update go through LAPACK/BLAS, whose last bits may differ between
 CPU vendors (~1e-16 relative); an integer then changes only where a weight lies within ~1e-12 of a
 rounding tie: for SmolLM2's 1.3e8 weights, about a 3-in-10,000 chance that any does.
 
-Bias correction (measure_corrections): GPTQ minimises the spread of a projection's output error, not
+Bias correction (quantize_layer_by_layer, from the same forward; measure_corrections measures it
+again, or any integers' error, with a forward of its own): GPTQ minimises the spread of a projection's output error, not
 its mean, and 8-bit activations add their own rounding. What remains systematic moves near-tie
 decisions one way: on the eval's binary contract set the 8-bit plan lost 1.1 points of accuracy with
 as many changed answers as bf16. So each projection's mean output error over the calibration rows
@@ -100,56 +101,61 @@ def gptq(weight: torch.Tensor, h: torch.Tensor, bound: int = 127) -> tuple[torch
 
 
 class _Recorder:
-    """Wraps an fp32 projection; accumulates the Hessian of the inputs it sees."""
+    """Wraps an fp32 projection; accumulates the Hessian of the inputs it sees and holds each call's
+    input and fp32 output (its rows for the bias correction, until the layer is quantised)."""
 
-    def __init__(self, inner, width: int):
-        self.inner, self.hessian = inner, Hessian(width)
+    def __init__(self, inner):
+        self.inner, self.hessian, self.seen = inner, Hessian(inner.weight.shape[1]), []
 
     def __call__(self, x, residual=None, prologue=None):
         x = apply_prologue(prologue, x)
         self.hessian.add(x)
-        return self.inner(x, residual)
+        y = self.inner(x)  # (N, out) float32
+        self.seen.append((x, y))
+        return y if residual is None else y + residual
 
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
-def collect_hessians(model, forests) -> list[dict[str, torch.Tensor]]:
-    """Run an fp32 ForestTransformer built with every_row=True over `forests`; per layer, the
-    Hessian (in, in) float64 of each projection's inputs (down's after the online rotation)."""
-    for p in model.proj:
-        for name in PROJECTIONS:
-            inner = getattr(p, name)
-            setattr(p, name, _Recorder(inner, inner.weight.shape[1]))
-    for forest in forests:
-        model.answer_hidden(forest)
-    hessians = []
-    for p in model.proj:
-        hessians.append({name: getattr(p, name).hessian.h for name in PROJECTIONS})
-        for name in PROJECTIONS:
-            setattr(p, name, getattr(p, name).inner)
-    return hessians
-
-
-def quantize_all(weights, hessians: list[dict[str, torch.Tensor]],
-                 workers: int = 1) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """GPTQ's 8-bit integers and scales of every projection, per layer (name -> (q, scale)).
-    workers: matrices quantised at once, each on one thread of its own start to end (torch's
-    element-wise and LAPACK calls release the GIL) -- with torch's intra-op pool at one thread (the
-    caller's torch_threads(1)), a matrix's steps and their order do not depend on the thread that
-    runs them or on what runs beside it, so neither do its integers."""
-    jobs = []
-    for lw, h in zip(weights.layers, hessians):
-        named = {"qkv": lw.wqkv, "o": lw.wo, "gate_up": lw.w_gate_up, "down": lw.w_down}
-        jobs += [(named[name], h[name]) for name in PROJECTIONS]
+def quantize_layer_by_layer(model, forests, workers: int = 1) -> list[dict[str, tuple[torch.Tensor, ...]]]:
+    """GPTQ's 8-bit integers, scales and bias corrections of every projection, per layer
+    {name: (q (out, in) float32, scale (out,), correction (out,))}, from one pass of an fp32
+    ForestTransformer built with every_row=True over `forests`, layer by layer
+    (ForestTransformer.layer_by_layer): once every forest has gone through layer i, its projections'
+    Hessians are complete (each input's rows added forest by forest, as a loop of forwards adds
+    them), so its matrices are quantised and their corrections measured on the inputs and fp32
+    outputs the projections saw, held for that layer only (~170 MB for SmolLM2's ~5,100 rows). Down's
+    inputs are after the online rotation. The forward runs on the caller's threads (its products are
+    exact integer sums, its other steps thread-invariant kernels); GPTQ's float64 steps on one thread
+    per matrix, `workers` matrices at once (torch's element-wise and LAPACK calls release the GIL):
+    a matrix's steps and their order do not depend on the thread that runs them or on what runs
+    beside it, so neither do its integers."""
+    from ..reproducibility import torch_threads
 
     def one(job):
-        torch.set_num_threads(1)  # this thread's OpenMP and MKL settings (thread-local) at one
+        torch.set_num_threads(1)  # this worker's OpenMP and MKL settings (thread-local) at one
         return gptq(*job)
 
+    layers, out = model.layer_by_layer(forests), []
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = iter(pool.map(one, jobs))
-    return [{name: next(results) for name in PROJECTIONS} for _ in hessians]
+        for p in model.proj:
+            recorders = {name: _Recorder(getattr(p, name)) for name in PROJECTIONS}
+            for name, recorder in recorders.items():
+                setattr(p, name, recorder)
+            next(layers)  # every forest through this layer
+            with torch_threads(1):
+                integers = list(pool.map(one, [(r.inner.weight, r.hessian.h) for r in recorders.values()]))
+            quantized = {}
+            for (name, recorder), ints in zip(recorders.items(), integers):
+                errors = _ErrorRecorder(recorder.inner, ints)
+                with torch.inference_mode():  # the rows are the forward's inference tensors
+                    for x, y in recorder.seen:
+                        errors.add(x, y)
+                quantized[name] = (*ints, errors.mean())
+                setattr(p, name, recorder.inner)
+            out.append(quantized)
+    return out
 
 
 CORRECTION_BITS = 32  # output errors summed as int64 multiples of 2^-32: exact for |sum| < 2^31
@@ -165,12 +171,16 @@ class _ErrorRecorder:
         self.sum = torch.zeros(integers[0].shape[0], dtype=torch.int64)
         self.rows = 0
 
-    def __call__(self, x, residual=None, prologue=None):
-        x = apply_prologue(prologue, x)
-        y = self.inner(x)  # (N, out) float32
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """x (N, in) the projection's input, y (N, out) its fp32 output on it."""
         error = y.double() - self.quantized(x).double()  # element-wise: the same bits on every CPU
         self.sum += torch.round(error * 2.0**CORRECTION_BITS).to(torch.int64).sum(dim=0)
         self.rows += x.shape[0]
+
+    def __call__(self, x, residual=None, prologue=None):
+        x = apply_prologue(prologue, x)
+        y = self.inner(x)  # (N, out) float32
+        self.add(x, y)
         return y if residual is None else y.add_(residual)
 
     def mean(self) -> torch.Tensor:

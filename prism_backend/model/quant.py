@@ -62,7 +62,7 @@ class Int8Linear:
         (exact_matmul.ExactWeight) and per-output-channel scales (out,), rounded to nearest here;
         or `integers` = (W (out, in) integer-valued, scales (out,)[, correction (out,)]) rounded
         elsewhere (GPTQ, gptq.py), |W| <= int_bound(settings.weight_passes); a correction (the mean
-        output error calibration measured: gptq.measure_corrections) is added to the bias.
+        output error calibration measured: gptq.quantize_layer_by_layer) is added to the bias.
 
         settings.group: a tp.TPGroup when this rank holds a slice of the input columns (row-parallel).
         The row maxima of weights and activations are then all-reduced with MAX and the exact

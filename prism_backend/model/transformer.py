@@ -129,15 +129,7 @@ class ForestTransformer:
         (A, H), in segment order; K/V of rows [0, b) per layer, or None without keep_kv: then each
         layer's K/V is freed as the next layer starts instead of held to the end).
         """
-        segs = forest.segments
-        a = segs[computed[0]].start
-        b = segs[computed[-1]].start + segs[computed[-1]].length
-        branches = [i for i in computed if segs[i].is_branch]
-        answers = torch.tensor([segs[i].start + segs[i].length - 1 - a for i in branches], dtype=torch.long)
-        attention = ForestAttention(segs, computed, branches, self.kernels, self.w.embed.device, self.spec.head_dim,
-                                    self.integer_attention)
-        h = self.w.embed[forest.token_ids[a:b]]  # (b - a, H)
-        cos, sin = self.rotary(forest.positions[a:b])
+        h, attention, answers, cos, sin = self._begin(forest, computed)
         kv = [] if keep_kv else None
         full = len(self.w.layers) if self.every_row else len(self.w.layers) - 1
         for i, (lw, p) in enumerate(zip(self.w.layers[:full], self.proj[:full])):
@@ -151,6 +143,34 @@ class ForestTransformer:
         if keep_kv:
             kv.append((k, v))
         return rms_norm(h, self.w.final_norm, self.spec.rms_norm_eps), kv
+
+    def _begin(self, forest: Forest, computed: list[int]):
+        """What a pass over the segments `computed` starts from: (their rows' embeddings (n, H), the
+        attention over them, the answer rows (A,) within them, rotary cos and sin (n, D))."""
+        segs = forest.segments
+        a = segs[computed[0]].start
+        b = segs[computed[-1]].start + segs[computed[-1]].length
+        branches = [i for i in computed if segs[i].is_branch]
+        answers = torch.tensor([segs[i].start + segs[i].length - 1 - a for i in branches], dtype=torch.long)
+        attention = ForestAttention(segs, computed, branches, self.kernels, self.w.embed.device, self.spec.head_dim,
+                                    self.integer_attention)
+        cos, sin = self.rotary(forest.positions[a:b])
+        return self.w.embed[forest.token_ids[a:b]], attention, answers, cos, sin
+
+    @torch.inference_mode()
+    def layer_by_layer(self, forests: list[Forest]):
+        """Calibration (every_row): every row of every forest, one layer at a time across all of them
+        -- yields layer i's index once each forest has gone through it, so the caller can use what
+        layer i's projections saw over all the forests before layer i + 1 runs. Each forest's rows
+        get the computations answer_hidden gives them (nothing cached, no final norm), and each
+        projection sees the forests in their order, as a loop of answer_hidden calls shows them."""
+        assert self.every_row, "layer_by_layer computes every row of every layer"
+        states = [list(self._begin(forest, list(range(len(forest.segments))))) for forest in forests]
+        for i, (lw, p) in enumerate(zip(self.w.layers, self.proj)):
+            for state in states:
+                h, attention, _, cos, sin = state
+                state[0], _, _ = self._layer(h, lw, p, attention, cos, sin, None)
+            yield i
 
     def answer_hidden(self, forest: Forest) -> torch.Tensor:
         """The whole forest in one pass, nothing cached: final-normed answer states (A, H)."""
