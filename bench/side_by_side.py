@@ -212,8 +212,11 @@ def process_tree_rss(pid: int) -> float:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**30
 
 
-def matmul_peaks() -> dict[str, float]:
-    """GOPS of torch._int_mm (int8) and bf16 / fp32 matmul at a large square-ish shape."""
+def matmul_peaks(rounds: int = 5, reps: int = 10) -> dict[str, float]:
+    """GOPS of torch._int_mm (int8) and bf16 / fp32 matmul at a large square-ish shape: the fastest
+    of `rounds` timings of `reps` products each. A peak is what the machine can reach, so the best
+    round, not one round that a slow phase of a shared VM can pull down (one such round measured
+    651 GOPS where others measured 771-817, and the forward's share of the peak read 59% for 48%)."""
     m, k, n = 1024, 2048, 2048
     out = {}
     cases = {"int8": (torch.randint(-127, 128, (m, k), dtype=torch.int8), torch.randint(-127, 128, (k, n), dtype=torch.int8),
@@ -222,11 +225,13 @@ def matmul_peaks() -> dict[str, float]:
              "fp32": (torch.randn(m, k), torch.randn(k, n), torch.matmul)}
     for name, (a, b, op) in cases.items():
         op(a, b)
-        t0 = time.perf_counter()
-        reps = 10
-        for _ in range(reps):
-            op(a, b)
-        out[name] = 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                op(a, b)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = 2 * m * k * n * reps / best / 1e9
     return out
 
 

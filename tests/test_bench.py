@@ -85,6 +85,20 @@ def test_peers_alternately_pairs_prism_with_each_peer_on_new_tickets_and_keeps_t
         assert len(out[w]["p"]["prism"]) == 2 and all(0 <= x < 1 for x in out[w]["p"]["prism"])
 
 
+def test_matmul_peaks_are_the_fastest_round(monkeypatch):
+    """A peak is the best round: rounds timed 2 s, 1 s and 3 s (a clock that ticks so) give the GOPS
+    of the 1 s round for every dtype."""
+    import itertools
+    import types
+
+    import side_by_side
+
+    clock = itertools.chain.from_iterable(itertools.repeat((0.0, 2.0, 10.0, 11.0, 20.0, 23.0)))
+    monkeypatch.setattr(side_by_side, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    peaks = side_by_side.matmul_peaks(rounds=3, reps=2)
+    assert peaks == {name: pytest.approx(2 * 1024 * 2048 * 2048 * 2 / 1.0 / 1e9) for name in ("int8", "bf16", "fp32")}
+
+
 def test_the_same_width_section_reports_the_rungs_rounds_against_w8a8():
     """The 8-bit rung's pairing with vLLM's W8A8 checkpoint: the ratio of the medians per workload,
     the rounds' spread, and nothing at all where the pairing did not run (no checkpoint)."""
