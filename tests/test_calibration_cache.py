@@ -99,6 +99,30 @@ def test_a_damaged_file_is_replaced(tiny_model_dir, cache, calibrations):
     assert same(calibration.load(calibration.entry(model)), good)
 
 
+def test_builds_that_miss_together_calibrate_once(tiny_model_dir, cache, calibrations):
+    """A build that misses while another one computes the same entry waits for it, then loads the
+    other's file instead of computing it a second time beside it."""
+    import threading
+
+    config = EngineConfig(model_dir=tiny_model_dir("llama3"))
+    stored = calibration.entry(config.model_dir, calibration.GPTQ)
+    got = []
+    with calibration.one_at_a_time(stored):  # this test is the build computing it now
+        waiting = threading.Thread(target=lambda: got.append(calibration.gptq_integers(config)))
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive() and not got  # it waits for the entry
+        first = calibration._integers_to_tensors(calibration._gptq(config))
+        calibration.store(stored, first, raw=True)
+    waiting.join(120)
+    assert not waiting.is_alive() and len(calibrations) == 1  # only this test's own computation
+    expected = calibration._integers_from_tensors(first)
+    assert len(got[0]) == len(expected)
+    for layer, want in zip(got[0], expected):
+        assert layer.keys() == want.keys()
+        assert all(torch.equal(a, b) for name in layer for a, b in zip(layer[name], want[name]))
+
+
 def test_an_unwritable_cache_only_costs_time(tiny_model_dir, tmp_path, monkeypatch, calibrations):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
