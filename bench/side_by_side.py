@@ -524,9 +524,8 @@ def main() -> None:
             d=str(args.model_dir), p=precision, r=str(REGISTRY), t=SHARED_TICKET))
     peaks = matmul_peaks()
     print("eval subset", flush=True)
-    rung_plan = {k: v for k, v in engine_configs[EIGHT_BIT_LABEL].items() if k != "precision"}  # keep_exact=''
     accuracy = eval_subset(args.model_dir, args.eval_limit, vllm, args.w8a8_dir if vllm else None,
-                           {**PRISM_DEFAULT_PLAN, EIGHT_BIT_ERROR_LABEL: rung_plan})
+                           {**PRISM_DEFAULT_PLAN, EIGHT_BIT_ERROR_LABEL: engine_configs[EIGHT_BIT_LABEL]})
     write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
                  startup, accuracy, overhead, versus, idle_cpu, same_width)
 

@@ -88,16 +88,8 @@ def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
     """SmoothQuant statistics from a forward of the full model (exact products) over the shipped prompts,
     stored on disk for the next build of the same checkpoint and code (the cache below).
     full_model: (spec, weights) of the whole checkpoint; loaded here, only on a miss, if not given."""
-    stored = entry(config.model_dir)
-    stats = load(stored)
-    if stats is None:
-        with one_at_a_time(stored):
-            stats = load(stored)  # another build may have stored it while this one waited
-            if stats is None:
-                spec, weights = full_model or load_model(config.model_dir)
-                stats = _calibrate(config, spec, weights)
-                store(stored, stats)
-    return stats
+    return _load_or_compute(entry(config.model_dir),
+                            lambda: _calibrate(config, *(full_model or load_model(config.model_dir))))
 
 
 def _calibrate(config: EngineConfig, spec: ModelSpec, weights) -> list[dict]:
@@ -117,14 +109,7 @@ def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, to
     correction of each (its mean output error on the calibration rows, model/gptq.py), per layer
     {"qkv", "o", "gate_up", "down": (integers (out, in) int8, scales (out,) float32, correction
     (out,) float32)}; stored on disk for the next build of the same checkpoint and code."""
-    stored = entry(config.model_dir, GPTQ)
-    tensors = load(stored, raw=True)
-    if tensors is None:
-        with one_at_a_time(stored):
-            tensors = load(stored, raw=True)  # another build may have stored it while this one waited
-            if tensors is None:
-                tensors = _integers_to_tensors(_gptq(config))
-                store(stored, tensors, raw=True)
+    tensors = _load_or_compute(entry(config.model_dir, GPTQ), lambda: _integers_to_tensors(_gptq(config)), raw=True)
     return _integers_from_tensors(tensors)
 
 
@@ -291,6 +276,19 @@ def _mapped(path: Path | None) -> dict[str, torch.Tensor] | None:
         return load_file(path)
     except (OSError, SafetensorError, ValueError):
         return None
+
+
+def _load_or_compute(stored: Path | None, compute: Callable[[], object], raw: bool = False):
+    """What `stored` (entry()) holds, or else compute() -- by this build, stored for the next, or by
+    another build that missed at the same time, whose file this one loads when its turn comes."""
+    found = load(stored, raw=raw)
+    if found is None:
+        with one_at_a_time(stored):
+            found = load(stored, raw=raw)  # another build may have stored it while this one waited
+            if found is None:
+                found = compute()
+                store(stored, found, raw=raw)
+    return found
 
 
 @contextlib.contextmanager
