@@ -45,13 +45,22 @@ def enable_strict_blas() -> None:
     """Ask MKL for strict CNR. Before torch is imported the environment variable is enough (MKL
     reads it when it starts; measured: mkl_serv_cbwr_get then reports AUTO|STRICT), so importing
     Prism does not import torch. With torch already imported, MKL is told directly; harmless when
-    it already computed something (it then keeps its mode; `strict_blas_active` tells) or is absent."""
+    it already computed something (it then keeps its mode; `strict_blas_active` tells) or is absent.
+    A strict setting already in the environment is kept, whatever its code branch
+    (MKL_CBWR=COMPATIBLE,STRICT: the forced AVX2 path, kernels/cpu/features.py, runs MKL's generic
+    code with it, as another CPU vendor would)."""
+    if _names_strict(os.environ.get("MKL_CBWR", "")):
+        return  # MKL reads it when it starts (or read it already)
     os.environ["MKL_CBWR"] = MKL_CBWR_ENV  # this process's MKL when it starts, and child processes
     if "torch" not in sys.modules:
         return
     lib = _mkl()
     if lib is not None:
         lib.mkl_serv_cbwr_set(_AUTO | _STRICT)
+
+
+def _names_strict(setting: str) -> bool:
+    return "STRICT" in (part.strip().upper() for part in setting.split(","))
 
 
 def strict_blas_active() -> bool:

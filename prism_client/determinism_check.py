@@ -16,8 +16,13 @@ from .client import PrismClient
 from .determinism import CHECK_REQUESTS, digest
 
 
+CHECK_RETRIES = 5  # an overloaded answer (503) is retried: the check is about bits, not load
+
+
 def _digest_of(url: str, protocol: str, request: dict) -> str:
-    client = PrismClient(url, protocol)  # one per call: the HTTP client is not thread-safe
+    # one client per call: the HTTP client is not thread-safe. Retried when overloaded: on a busy
+    # machine the admission bound refused the check's 8 concurrent requests once (2026-12-05)
+    client = PrismClient(url, protocol, retries=CHECK_RETRIES)
     try:
         return digest([d.probability_array() for d in client.decide(request["material"], request["tasks"])])
     finally:

@@ -50,7 +50,8 @@ def test_an_unknown_isa_cap_is_refused(monkeypatch):
 
 # In a process started as on an AVX2-only CPU: the int8 default (8-bit integers, one pass a side)
 # and the exact precision (13-bit, two passes) take a route that CPU has, the served self-check (batch composition, cache state, thread count)
-# finds nothing that breaks bit-identity, and the fixed requests get the golden bits (calibrated afresh: the cache key holds the CPU kind).
+# finds nothing that breaks bit-identity, and the fixed requests get the golden bits (calibrated afresh: the cache key holds the CPU kind),
+# with MKL on its generic code branch (what MKL leaves to the CPU, e.g. torch's float32 sqrt, then changes).
 AVX2_ENGINE_CHECK = """
 import json, sys, torch
 from helpers import REGISTRY, decision_digests
@@ -59,7 +60,9 @@ from prism_backend.model import exact_matmul
 from prism_backend.serving.decision_step import DecisionStep
 from prism_backend.serving.pipeline import DecisionPipeline
 from kernels.cpu.features import cpu_kind
-out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "rungs": {}}
+from prism_backend.reproducibility import _mkl
+mkl = _mkl().mkl_serv_cbwr_get(-1) if _mkl() is not None else None
+out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "mkl": mkl, "rungs": {}}
 for precision, passes in (("exact", 2), ("int8", 1)):
     config = EngineConfig(model_dir=sys.argv[1], precision=precision, num_threads=2)
     step = DecisionStep(config)
@@ -79,6 +82,7 @@ def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["kind"] == "AVX2 (forced)" and result["torch"] == "AVX2", result
+    assert result["mkl"] == 0x10000 | 3, result  # MKL_CBWR_COMPATIBLE | MKL_CBWR_STRICT: another vendor's MKL code
     assert set(result["rungs"]) == {"exact", "int8"}
     golden = json.loads(GOLDEN_DECISIONS_PATH.read_text())  # the same bits as on every other CPU (test_replay.py)
     for passes, rung in result["rungs"].items():

@@ -47,3 +47,25 @@ def test_smoothed_exact_engine_is_reproducible(fp32_config):
     requests = synthetic_requests(a.spec.vocab_size)
     ra, rb = a.score(requests)[0], b.score(requests)[0]
     assert [[s.probabilities.tobytes() for s in r] for r in ra] == [[s.probabilities.tobytes() for s in r] for r in rb]
+
+
+def test_scales_are_ieee_square_roots_whatever_blas_runs():
+    """The smoothing scales of the default alpha are IEEE square roots (numpy's is the CPU's sqrt
+    instruction, correctly rounded), not torch's float32 sqrt, whose last bit follows MKL's code
+    branch; any other alpha goes through the C library's pow, also in float64."""
+    import math
+
+    import numpy as np
+
+    from prism_backend.model.smoothing import _scales
+
+    torch.manual_seed(3)
+    ax = torch.rand(4, 576) * 30
+    aw = torch.rand(4, 576) * 0.3
+    s = _scales(ax, aw, 0.5)
+    ieee = np.sqrt(ax.double().numpy()) / np.sqrt(aw.double().numpy())
+    assert s.dtype == torch.float32 and s.shape == ax.shape
+    assert torch.equal(s, torch.from_numpy(ieee).float().clamp(1e-2, 1e2))
+    s = _scales(ax, aw, 0.8)
+    pow_ = [[math.pow(x, 0.8) / math.pow(w, 0.2) for x, w in zip(rx, rw)] for rx, rw in zip(ax.tolist(), aw.tolist())]
+    assert torch.equal(s, torch.tensor(pow_, dtype=torch.float64).float().clamp(1e-2, 1e2))

@@ -14,7 +14,11 @@ software can arrange (tests/test_cpu_kinds.py runs the engine that way; `make te
 whole suite so). Not oneDNN's ONEDNN_MAX_CPU_ISA=AVX2: torch still hands `torch._int_mm` to oneDNN
 where the CPU has VNNI, and oneDNN's AVX2 int8 kernel then saturates int16 pair sums (vpmaddubsw:
 measured wrong sums for 8-bit operands), a combination no real machine runs (an AVX2-only CPU takes
-torch's own exact loop). Nor MKL's code branch (MKL_CBWR), which Prism sets to AUTO,STRICT itself.
+torch's own exact loop). MKL's code branch goes further than an AVX2 CPU: MKL_CBWR=COMPATIBLE,STRICT,
+MKL's generic code (which Prism otherwise sets to AUTO,STRICT: the branch MKL picks for the CPU,
+which differs between vendors), so anything Prism leaves to MKL -- its BLAS, and the vector math
+behind torch's float32 sqrt, pow and exp -- shows up as other bits in the golden digests (an Intel
+Xeon and an AMD EPYC once served `exact` differently through torch's sqrt: model/smoothing.py).
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ from pathlib import Path
 ISA_VARIABLE = "PRISM_CPU_ISA"
 ISA_CHOICES = ("native", "avx2")
 # A child process started with these computes as on an AVX2-only CPU: Prism's kernels and torch's
-# dispatch (ATen's CPU capability).
-AVX2_ENVIRONMENT = {ISA_VARIABLE: "avx2", "ATEN_CPU_CAPABILITY": "avx2"}
+# dispatch (ATen's CPU capability); MKL on its generic code branch, as on another vendor's CPU.
+AVX2_ENVIRONMENT = {ISA_VARIABLE: "avx2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT"}
 
 
 def _isa_cap() -> str:

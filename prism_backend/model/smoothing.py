@@ -16,6 +16,8 @@ package (engine/calibration.py), so the smoothed weights are a pure function of 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .layers import apply_prologue
@@ -56,9 +58,20 @@ def calibrate(model, forests) -> list[dict[str, torch.Tensor]]:
     return stats
 
 
+def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
+    """x ** exponent, element by element, in float64: IEEE's square root for 0.5 (the default
+    alpha), else the C library's pow. Not torch's pow: on float32 it runs MKL's vector math (its sqrt
+    for 0.5), whose last bits depend on the code branch MKL picks for the CPU (measured: 0.6% to 17%
+    of a million square roots differ from IEEE's, by branch), so the smoothed weights, and every
+    bit `exact` serves, differed between an Intel Xeon and an AMD EPYC (tests/test_cpu_kinds.py)."""
+    power = math.sqrt if exponent == 0.5 else lambda v: math.pow(v, exponent)
+    return torch.tensor([power(v) for v in x.double().flatten().tolist()], dtype=torch.float64).view(x.shape)
+
+
 def _scales(amax_x: torch.Tensor, amax_w: torch.Tensor, alpha: float) -> torch.Tensor:
-    s = amax_x.clamp(min=1e-5).pow(alpha) / amax_w.clamp(min=1e-5).pow(1 - alpha)
-    return s.clamp(min=1e-2, max=1e2)
+    """amax_x^alpha / amax_w^(1 - alpha) per channel, in float64, rounded once to float32."""
+    s = _power(amax_x.clamp(min=1e-5), alpha) / _power(amax_w.clamp(min=1e-5), 1 - alpha)
+    return s.float().clamp(min=1e-2, max=1e2)
 
 
 @torch.no_grad()
