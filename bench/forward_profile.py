@@ -9,7 +9,7 @@ Each step of the decoder (prism_backend/model/transformer.py) is wrapped with a 
 every projection by name (its quantisation, integer product and epilogue included: the kernels fuse
 them; so is the row pass in front of it, which its quantiser runs in the same pass where the kernel
 library has the fused form: RMSNorm for qkv and gate_up, SwiGLU with the online Hadamard for down --
-or, where gate_up's kernel ends in SwiGLU (the 8-bit VNNI tile), SwiGLU in gate_up and the Hadamard
+or, where gate_up's kernel ends in SwiGLU (the 8-bit tile, VNNI or AMX), SwiGLU in gate_up and the Hadamard
 in down),
 attention, the rotary embedding, the RMSNorms left (the last layer's and the final one), the K/V
 concatenation; "forest, scoring, rest" is the time of `decide_many` outside the decoder's steps

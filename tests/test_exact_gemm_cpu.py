@@ -457,6 +457,27 @@ def test_amx_kernel_gives_the_vnni_kernels_bits_whatever_the_rows_and_threads(m,
             assert q.shape[0] == m and torch.equal(amx.matmul(q, 127, scale, w_scale, b), full[:m]), threads
 
 
+@needs_amx
+@pytest.mark.parametrize("m", [1, 15, 16, 33, 760])
+def test_amx_kernel_swiglu_epilogue_gives_the_vnni_kernels_bits(m):
+    """gate_up packed with glu on AMX tiles: its SwiGLU epilogue is the VNNI kernel's (so rowwise.swiglu
+    of the plain output, tested above), whatever the rows (partial tiles of 16 and 32) and threads."""
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(760, 577, generator=gen) * torch.linspace(0.1, 9, 577)
+    _, w = extreme_integers(3, 577, 2 * 96, 127, 127, seed=m)
+    w_scale = torch.rand(2 * 96, generator=gen) * 1e-3
+    w_scale[:8] = 1.0  # large gate values: exp's clamped range
+    b = torch.randn(2 * 96, generator=gen)
+    amx, vnni = PackedWeight8(w, amx=True, glu=True), PackedWeight8(w, glu=True)
+    with torch_threads(1):
+        q_vnni, scale = vnni.quantize(x, 127)
+        expected = vnni.matmul(q_vnni, 127, scale, w_scale, b, swiglu=True)
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            q, scale = amx.quantize(x[:m], 127)
+            assert torch.equal(amx.matmul(q, 127, scale, w_scale, b, swiglu=True), expected[:m]), threads
+
+
 # ---- one or two base-128 digits a side on AMX tiles (up to 13 bits) --------------------------------
 
 @needs_amx

@@ -118,7 +118,7 @@ def load():
         lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
                                              ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_amx8_gemm.restype = None
-        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes[:-1]  # no SwiGLU epilogue
+        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes  # its SwiGLU epilogue included
         lib.prism_amx_init.restype = ctypes.c_int
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
@@ -341,16 +341,15 @@ class PackedWeight8:
     columns, each k-quad of a column adjacent (vpdpbusd's 4 bytes per int32 lane). With `amx`, for
     the same kernel on AMX tiles (the same layout, K padded to a multiple of 64). With `glu`, W is
     gate_proj's and up_proj's weights side by side (N = 2 I, gate first) and each panel holds 16 gate
-    columns and the matching 16 up columns, so the kernel can end in SwiGLU (matmul(swiglu=True))."""
+    columns and the matching 16 up columns, so the kernel (VNNI or AMX) can end in SwiGLU (matmul(swiglu=True))."""
 
     def __init__(self, w_int: torch.Tensor, amx: bool = False, glu: bool = False):
         """w_int: (K, N) integer-valued tensor, |w_int| <= 127, K <= VNNI_MAX_K; N a multiple of 32 with glu."""
         k, n = w_int.shape
         if not fits8(127, 127, k):
             raise ValueError(f"K = {k} is beyond the 8-bit kernel's int32 bound ({VNNI_MAX_K})")
-        if glu and (amx or n % (2 * GLU_COLUMNS)):
-            raise ValueError(f"the SwiGLU epilogue needs the VNNI kernel and N a multiple of {2 * GLU_COLUMNS}, got N = {n}"
-                             f"{' on AMX tiles' if amx else ''}")
+        if glu and n % (2 * GLU_COLUMNS):
+            raise ValueError(f"the SwiGLU epilogue needs N a multiple of {2 * GLU_COLUMNS}, got N = {n}")
         self.k, self.n, self.amx = k, n, amx
         # column order of the packed panels: with glu, panel p = gate 16p..16p+15, then up I+16p..I+16p+15
         self.order = torch.arange(n).view(2, n // (2 * GLU_COLUMNS), GLU_COLUMNS).transpose(0, 1).reshape(-1) \
@@ -433,9 +432,8 @@ class PackedWeight8:
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
         if swiglu:
             out = torch.empty(m, self.n // 2, dtype=torch.float32)
-        tail = (int(swiglu),) if not self.amx else ()
         kernel(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
-               *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), *tail)
+               *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), int(swiglu))
         if self.order is None or swiglu:
             return out
         ordered = torch.empty_like(out)  # columns back in W's order

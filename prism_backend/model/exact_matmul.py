@@ -266,7 +266,7 @@ class ExactWeight:
         elif self.route in ("int16", "vnni16"):
             self.fused = exact_gemm.PackedWeight(w_int, self.w_bound, vnni=self.route == "vnni16")
         elif self.route in ("vnni8", "amx8"):
-            self.fuses_swiglu = glu and self.route == "vnni8" and w_int.shape[1] % (2 * exact_gemm.GLU_COLUMNS) == 0
+            self.fuses_swiglu = glu and w_int.shape[1] % (2 * exact_gemm.GLU_COLUMNS) == 0
             self.fused = exact_gemm.PackedWeight8(w_int, amx=self.route == "amx8", glu=self.fuses_swiglu)
         elif act_passes == weight_passes == 1:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32

@@ -78,7 +78,7 @@ class ForestTransformer:
         """h + down(swiglu(gate_up(rms_norm(h)))) -- in a rotated model swiglu times down_proj's online
         Hadamard (rotation.online_down). Each row pass is given to the projection after it, whose kernel
         runs it in its quantiser's pass (kernels/cpu/prologues.py), or SwiGLU ends gate_up's own kernel
-        where it can (the 8-bit VNNI tile's epilogue); the residual is added in down's epilogue."""
+        where it can (the 8-bit tile's epilogue, VNNI or AMX); the residual is added in down's epilogue."""
         norm, block = RmsNorm(lw.post_norm, self.spec.rms_norm_eps), self.w.down_block or 0
         if getattr(p.gate_up, "fuses_swiglu", False):  # (calibration's wrappers have no such kernel)
             activated = p.gate_up(h, prologue=norm, swiglu=True)  # (n, I)

@@ -547,7 +547,7 @@ void prism_combine_digits(const int32_t* const* acc, int m, int n, int apasses, 
 // the same integers and, through store_row, the same bits. The caller pads K to a multiple of 64
 // (padding: activations 128, weights 0) and the activation rows to a multiple of 16 (rows of 128,
 // computed and never stored). Linux hands out the tile registers only on request (prism_amx_init).
-#define PRISM_AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,amx-tile,amx-int8")))
+#define PRISM_AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
 namespace {
 struct TileConfig {  // every kernel here uses tiles 0-7 at their full 16 rows x 64 bytes
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -585,6 +585,14 @@ PRISM_AMX inline void amx_tile(const uint8_t* x, long ldx, int kquads, const int
     _tile_stored(2, &c[1][0][0], NR8 * 4);
     _tile_stored(3, &c[1][0][16], NR8 * 4);
   }
+  if (e.swiglu) {  // whole panels only (the caller checks n % 32 == 0): the VNNI tile's epilogue, glu16
+    const __m512i c0 = _mm512_loadu_si512(corr + col), c1 = _mm512_loadu_si512(corr + col + 16);
+    for (int rt = 0; rt < RT; ++rt)
+      for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r)
+        glu16(_mm512_sub_epi32(_mm512_load_si512(&c[rt][r][0]), c0),
+              _mm512_sub_epi32(_mm512_load_si512(&c[rt][r][16]), c1), row + 16 * rt + r, col, e);
+    return;
+  }
   for (int rt = 0; rt < RT; ++rt)
     for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r)
       for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
@@ -602,13 +610,14 @@ int prism_amx_init() {
   return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : errno;
 }
 
-// prism_vnni8_gemm's contract on AMX tiles: x (ceil(m/16)*16, 4*kquads) uint8, kquads a multiple of 16.
+// prism_vnni8_gemm's contract on AMX tiles, its SwiGLU epilogue included: x (ceil(m/16)*16, 4*kquads)
+// uint8, kquads a multiple of 16.
 // Rows in L2-sized blocks and panels shared among the threads as in the other kernels; every thread
 // loads the tile configuration and releases the tiles after. Call only after prism_amx_init() == 0.
 PRISM_AMX void prism_amx8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
                                const float* x_scale, const float* w_scale, const float* bias, const float* residual,
-                               void* out, int threads) {
-  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
+                               void* out, int threads, int swiglu) {
+  const Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
   const int panels = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads;
   const int padded_m = (m + 15) / 16 * 16;
