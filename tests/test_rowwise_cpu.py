@@ -207,8 +207,8 @@ def test_a_projection_given_a_prologue_gives_the_bits_of_its_input_computed_firs
 @pytest.mark.parametrize("glu_columns", [96, 40])
 def test_gate_up_ending_in_swiglu_gives_the_bits_of_swiglu_after_it(glu_columns):
     """The decoder's MLP input as the int8 default builds it: gate_up (GPTQ-style 8-bit integers, a bias
-    correction) given its RMSNorm, ending in SwiGLU where its kernel can (the 8-bit VNNI tile and whole
-    panels: 96 columns of gate and of up; not 40), equals SwiGLU run on its plain output; down given the
+    correction) given its RMSNorm, ending in SwiGLU where its kernel can (the 8-bit tile, VNNI or AMX, and
+    whole panels: 96 columns of gate and of up; not 40), equals SwiGLU run on its plain output; down given the
     Hadamard alone then equals down given SwiGLU with it."""
     from prism_backend.config import ComputeSettings
     from prism_backend.model.quant import make_linear
@@ -220,7 +220,7 @@ def test_gate_up_ending_in_swiglu_gives_the_bits_of_swiglu_after_it(glu_columns)
                    torch.randn(2 * i, generator=gen) * 1e-3)
     settings = ComputeSettings(precision="int8")
     fused, plain = (make_linear(None, None, settings, gate_up_int, glu=glu) for glu in (True, False))
-    assert fused.fuses_swiglu == (exact_gemm.vnni8_available() and fused.w.route == "vnni8" and i % 16 == 0)
+    assert fused.fuses_swiglu == (exact_gemm.vnni8_available() and fused.w.route in ("vnni8", "amx8") and i % 16 == 0)
     expected = layers.swiglu(plain(x, prologue=norm))
     if fused.fuses_swiglu:
         assert torch.equal(fused(x, prologue=norm, swiglu=True), expected)
