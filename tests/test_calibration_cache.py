@@ -193,3 +193,25 @@ def test_the_rotated_embedding_and_head_are_mapped_from_the_cache(tiny_model_dir
         return [[s.probabilities.tobytes() for s in r] for r in engine.score(requests)[0]]
 
     assert bits(mapped) == bits(in_memory) == bits(again)
+
+
+def test_the_routes_timed_during_calibration_are_forgotten(monkeypatch, fp32_config):
+    """The int8 calibration's 8-bit projections time their exact routes while GPTQ's worker threads
+    wind down; those choices must not become the served model's (exact_matmul.timings_forgotten),
+    while routes chosen before it stay."""
+    from prism_backend.model import exact_matmul, gptq
+
+    timed = []
+
+    def quantize(model, forests, workers):  # GPTQ's forward, reduced to a projection timing its route
+        timed.append(exact_matmul.route(1, 1, (64, 32)))
+        return []
+
+    monkeypatch.setattr(gptq, "quantize_layer_by_layer", quantize)
+    monkeypatch.setattr(exact_matmul, "_fastest", {(2, 2, 576, 960): "int16"})
+    calibration._gptq(fp32_config.replace(precision="int8"))
+    assert timed and exact_matmul.chosen_routes() == {(2, 2, 576, 960): "int16"}
+    with exact_matmul.timings_forgotten():
+        exact_matmul.route(1, 1, (64, 32))
+        assert (1, 1, 64, 32) in exact_matmul.chosen_routes()
+    assert exact_matmul.chosen_routes() == {(2, 2, 576, 960): "int16"}

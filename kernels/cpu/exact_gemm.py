@@ -512,16 +512,18 @@ class AmxDigitWeight:
         """w_digits: W's digits, (K, N) int8 each, most significant first (split_digits)."""
         if not (len(w_digits) <= self.MAX_PASSES and act_passes <= self.MAX_PASSES):
             raise ValueError(f"the AMX digits kernel takes up to {self.MAX_PASSES} digits a side")
-        self.w_digits = [d.contiguous() for d in w_digits]
-        self.k, self.n = self.w_digits[0].shape
+        self.k, self.n = w_digits[0].shape
         self.act_passes = act_passes
-        self.panels = [PackedWeight8(d, amx=True) for d in self.w_digits]
+        # only the packed panels are kept: the (K, N) digits besides them were a second copy of every
+        # 13-bit weight (81 MB of a replica for SmolLM2's qkv and down_proj, 2026-12-05)
+        self.panels = [PackedWeight8(d, amx=True) for d in w_digits]
         self.kquads = self.panels[0].kquads
         self._pointers = (ctypes.c_void_p * len(self.panels))(*[p.packed.data_ptr() for p in self.panels])
 
     def unpacked(self) -> torch.Tensor:
-        """W again, (K, N) int32."""
-        return sum(d.int() * DIGIT_BASE ** (len(self.w_digits) - 1 - j) for j, d in enumerate(self.w_digits))
+        """W again, (K, N) int32 (from the panels)."""
+        digits = [p.unpacked() for p in self.panels]
+        return sum(d.int() * DIGIT_BASE ** (len(digits) - 1 - j) for j, d in enumerate(digits))
 
     def _buffer(self, m: int) -> torch.Tensor:
         """(P, rows up to a multiple of 16, 4 * kquads) int8 zeros: the kernel's activation operand."""

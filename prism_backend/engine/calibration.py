@@ -46,6 +46,7 @@ import prism_backend
 
 from ..config import EngineConfig
 from ..forest import EncodedRequest
+from ..model.exact_matmul import timings_forgotten
 from ..model.fixed_point import FixedPointLinear
 from ..model.kernel_sources import kernels_version
 from ..model.loader import load_model
@@ -126,7 +127,9 @@ def _gptq(config: EngineConfig) -> list[dict]:
     forests = [build_forest([r], block_tokens=spec.max_context) for r in gptq_requests(tokenizer, spec.max_context)]
     model = _replayable(ForestTransformer(spec, weights, every_row=True))
     threads = config.num_threads or torch.get_num_threads()
-    with torch_threads(threads):  # the forward's bits do not depend on the count (quantize_layer_by_layer)
+    # the forward's bits do not depend on the thread count (quantize_layer_by_layer); the exact routes the
+    # bias corrections' 8-bit projections time here are not the served model's (timings_forgotten)
+    with torch_threads(threads), timings_forgotten():
         return quantize_layer_by_layer(model, forests, workers=threads)
 
 

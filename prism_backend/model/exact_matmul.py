@@ -58,6 +58,7 @@ PRISM_EXACT_ROUTE (older name: PRISM_INT8_ROUTE, still read) forces one route fo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -203,6 +204,21 @@ def route(act_passes: int = 2, weight_passes: int = 2, shape: tuple[int, int] = 
     return _fastest[key]
 
 
+@contextlib.contextmanager
+def timings_forgotten():
+    """Routes chosen inside are forgotten on leaving (those chosen before are kept): for a phase whose
+    timings do not speak for serving. The int8 calibration times the 8-bit routes right after GPTQ's
+    worker threads, whose OpenMP teams still spin for a while: on the Intel Xeon with AMX a cold
+    build once chose `amx_digits` for gate_up there, 2.3x `amx8`'s time (2026-12-05), and the served
+    model would have kept it. Any route gives the same integers, so only the speed was at stake."""
+    before = dict(_fastest)
+    try:
+        yield
+    finally:
+        _fastest.clear()
+        _fastest.update(before)
+
+
 def chosen_routes() -> dict[tuple[int, int, int, int], str]:
     """The routes this process has chosen so far: (act_passes, weight_passes, K, N) -> route."""
     return dict(_fastest)
@@ -260,9 +276,8 @@ class ExactWeight:
             self.digits = int8_passes(w_int, weight_passes)
             if not w_int.is_cuda and exact_gemm.load() is not None:
                 self.fused = exact_gemm.DigitWeight(self.digits, act_passes)
-        elif self.route == "amx_digits":
-            self.digits = int8_passes(w_int, weight_passes)
-            self.fused = exact_gemm.AmxDigitWeight(self.digits, act_passes)
+        elif self.route == "amx_digits":  # the panels only; int8_digits() remakes the digits if asked
+            self.fused = exact_gemm.AmxDigitWeight(int8_passes(w_int, weight_passes), act_passes)
         elif self.route in ("int16", "vnni16"):
             self.fused = exact_gemm.PackedWeight(w_int, self.w_bound, vnni=self.route == "vnni16")
         elif self.route in ("vnni8", "amx8"):
