@@ -2,7 +2,7 @@
 // 4 base-128 digit products `amx_digits` runs (kernels/cpu/csrc/exact_gemm.cpp)? Measured 2026-12-05 on
 // the Intel Xeon with AMX: no, 1.5x slower (docs/results.md).
 //
-//   g++ -O2 -fopenmp -o /tmp/amx_karatsuba bench/csrc/amx_karatsuba.cpp && /tmp/amx_karatsuba
+//   g++ -O2 -fopenmp -mavx512f -mamx-tile -mamx-int8 -o /tmp/amx_karatsuba bench/csrc/amx_karatsuba.cpp && /tmp/amx_karatsuba
 //
 // four:  x = 128 x1 + x0, w = 128 w1 + w0 (signed digits): x1w1, x1w0 + x0w1, x0w0 on tdpbssd, as amx_digits.
 // three: x = 64 x1 + x0 with x0 in [0, 63] unsigned, likewise w: P11 = x1w1 and S = (x1+x0)(w1+w0) on tdpbssd
@@ -28,37 +28,46 @@ static void pack_b(const std::vector<int>& w, std::vector<int8_t>& out) {  // w 
   for (int ct = 0; ct < N / 16; ++ct) for (int kq = 0; kq < K / 4; ++kq) for (int c = 0; c < 16; ++c) for (int j = 0; j < 4; ++j)
     out[(size_t)ct * K * 16 + (size_t)kq * 64 + c * 4 + j] = (int8_t)w[(size_t)(4 * kq + j) * N + ct * 16 + c];
 }
-__attribute__((target("amx-tile,amx-int8,avx512f")))
-void four(const int8_t* x1, const int8_t* x0, const int8_t* w1, const int8_t* w0, int64_t* out) {
+// Every 16-row x 16-column output tile, its three int32 accumulators (tiles 0-2) filled by loop(ct, r) and
+// combined into out by combine(c, i, j) (c: the accumulators stored as [3][16][16]); two threads.
+template <class Loop, class Combine>
+void over_tiles(Loop loop, Combine combine, int64_t* out) {
   TileConfig cfg;
 #pragma omp parallel num_threads(2)
-  { _tile_loadconfig(&cfg);
+  {
+    _tile_loadconfig(&cfg);
 #pragma omp for schedule(static)
-  for (int ct = 0; ct < N / 16; ++ct) for (int r = 0; r < M; r += 16) {
-    _tile_zero(0); _tile_zero(1); _tile_zero(2);
+    for (int ct = 0; ct < N / 16; ++ct)
+      for (int r = 0; r < M; r += 16) {
+        _tile_zero(0); _tile_zero(1); _tile_zero(2);
+        loop(ct, r);
+        alignas(64) int32_t c[3][16][16];
+        _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64);
+        for (int i = 0; i < 16; ++i)
+          for (int j = 0; j < 16; ++j) out[(size_t)(r + i) * N + ct * 16 + j] = combine(c, i, j);
+      }
+    _tile_release();
+  }
+}
+
+void four(const int8_t* x1, const int8_t* x0, const int8_t* w1, const int8_t* w0, int64_t* out) {
+  over_tiles([&](int ct, int r) {
     const int8_t *b1 = w1 + (size_t)ct * K * 16, *b0 = w0 + (size_t)ct * K * 16;
-    for (int kq = 0; kq < K / 4; kq += 16) {
+    for (int kq = 0; kq < K / 4; kq += 16) {  // tiles: 3, 4 the digits of x; 5, 6 those of w
       _tile_loadd(5, b1 + kq * 64, 64); _tile_loadd(3, x1 + (size_t)r * K + 4 * kq, K);
       _tile_loadd(6, b0 + kq * 64, 64); _tile_loadd(4, x0 + (size_t)r * K + 4 * kq, K);
       _tile_dpbssd(2, 3, 5); _tile_dpbssd(1, 3, 6); _tile_dpbssd(1, 4, 5); _tile_dpbssd(0, 4, 6);
     }
-    alignas(64) int32_t c[3][16][16];
-    _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64);
-    for (int i = 0; i < 16; ++i) for (int j = 0; j < 16; ++j)
-      out[(size_t)(r + i) * N + ct * 16 + j] = (int64_t)c[2][i][j] * 16384 + (int64_t)c[1][i][j] * 128 + c[0][i][j];
-  }
-  _tile_release(); }
+  }, [](const int32_t (*c)[16][16], int i, int j) {
+    return (int64_t)c[2][i][j] * 16384 + (int64_t)c[1][i][j] * 128 + c[0][i][j];
+  }, out);
 }
-__attribute__((target("amx-tile,amx-int8,avx512f")))
-void three(const int8_t* x1, const uint8_t* x0, const int8_t* xs, const int8_t* w1, const uint8_t* w0, const int8_t* ws, int64_t* out) {
-  TileConfig cfg;
-#pragma omp parallel num_threads(2)
-  { _tile_loadconfig(&cfg);
-#pragma omp for schedule(static)
-  for (int ct = 0; ct < N / 16; ++ct) for (int r = 0; r < M; r += 16) {
-    _tile_zero(0); _tile_zero(1); _tile_zero(2);
+
+void three(const int8_t* x1, const uint8_t* x0, const int8_t* xs, const int8_t* w1, const uint8_t* w0, const int8_t* ws,
+           int64_t* out) {
+  over_tiles([&](int ct, int r) {
     const size_t bo = (size_t)ct * K * 16;
-    for (int kq = 0; kq < K / 4; kq += 16) {
+    for (int kq = 0; kq < K / 4; kq += 16) {  // tile 3 is reused: x1, then the weights' digit sums
       const size_t ao = (size_t)r * K + 4 * kq;
       _tile_loadd(3, x1 + ao, K); _tile_loadd(5, w1 + bo + kq * 64, 64);
       _tile_loadd(4, x0 + ao, K); _tile_loadd(6, w0 + bo + kq * 64, 64);
@@ -66,13 +75,11 @@ void three(const int8_t* x1, const uint8_t* x0, const int8_t* xs, const int8_t* 
       _tile_loadd(7, xs + ao, K); _tile_loadd(3, ws + bo + kq * 64, 64);
       _tile_dpbssd(1, 7, 3);
     }
-    alignas(64) int32_t c[3][16][16];
-    _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64);
-    for (int i = 0; i < 16; ++i) for (int j = 0; j < 16; ++j)  // 4032 P11 + 64 S - 63 P00
-      out[(size_t)(r + i) * N + ct * 16 + j] = (int64_t)c[0][i][j] * 4032 + (int64_t)c[1][i][j] * 64 - (int64_t)c[2][i][j] * 63;
-  }
-  _tile_release(); }
+  }, [](const int32_t (*c)[16][16], int i, int j) {  // 4032 P11 + 64 S - 63 P00
+    return (int64_t)c[0][i][j] * 4032 + (int64_t)c[1][i][j] * 64 - (int64_t)c[2][i][j] * 63;
+  }, out);
 }
+
 int main() {
   if (syscall(SYS_arch_prctl, 0x1023, 18)) { puts("no AMX"); return 1; }
   std::vector<int> x((size_t)M * K), w((size_t)K * N);
