@@ -269,9 +269,10 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
                 {"material": "Login fails.", "tasks": ["reply_time"]}]
     layers = 2
     # fp32: attention differs from the torch path only in float rounding. int8: those last bits
-    # can move an activation across a quantisation step, so the bound is wider (still below
-    # int8's own error against fp32).
-    for precision, atol in (("fp32", 1e-5), ("int8", 1e-4), ("exact", 1e-4)):
+    # can move an activation across a quantisation step, so the bound is wider (still 50x below
+    # int8's own error against fp32, ~1e-2; measured up to 1.06e-4 on this tiny model's integers since
+    # the rotary table's own cos and sin, 2026-12-05).
+    for precision, atol in (("fp32", 1e-5), ("int8", 2e-4), ("exact", 2e-4)):
         results = {}
         for backend in ("torch", "triton"):
             calls.update(gemm=0, attention=0)
