@@ -39,8 +39,9 @@ def _horner(z: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tensor:
 def cos_sin(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x: angles (any shape, float32 or float64, |x| < 1.6e6) -> (cos x, sin x) as float32."""
     x = x.to(torch.float64)
-    if x.numel() and x.abs().max().item() >= MAX_ANGLE:
-        raise ValueError(f"cos_sin reduces angles below {MAX_ANGLE:g} rad exactly, got {x.abs().max().item():g}")
+    largest = x.abs().max().item() if x.numel() else 0.0
+    if largest >= MAX_ANGLE:
+        raise ValueError(f"cos_sin reduces angles below {MAX_ANGLE:g} rad exactly, got {largest:g}")
     n = torch.mul(x, INV_PIO2).round_()  # the nearest multiple of pi / 2 (half to even)
     r = torch.sub(x, n * PIO2_1).sub_(n * PIO2_2).sub_(n * PIO2_2T)  # x - n pi / 2, |r| <= pi / 4
     z = r * r
