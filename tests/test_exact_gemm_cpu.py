@@ -15,6 +15,7 @@ import torch
 
 from kernels.cpu import exact_gemm
 from kernels.cpu.exact_gemm import PackedWeight, PackedWeight8, chunk_pairs, fits
+from kernels.cpu.features import has_avx512
 from prism_backend.model.exact_matmul import dequantize, int_bound
 from prism_backend.reproducibility import torch_threads
 
@@ -365,8 +366,13 @@ def test_digit_quantisation_equals_the_torch_one(m, k, passes):
     weight = exact_gemm.DigitWeight(int8_passes(torch.zeros(k, 3), 2), passes)
     digits, scale = weight.quantize(x, bound)
     ref_scale = symmetric_scale(x.abs().amax(dim=1, keepdim=True), bound)
+    expected = torch.cat(int8_passes(round_to_grid(x, ref_scale, bound), passes))
     assert torch.equal(scale, ref_scale)
-    assert digits.dtype == torch.int8 and torch.equal(digits, torch.cat(int8_passes(round_to_grid(x, ref_scale, bound), passes)))
+    assert digits.dtype == torch.int8 and torch.equal(digits, expected)
+    for wide in (False, True) if has_avx512() else (False,):  # 8 or 16 lanes: the same digits
+        buffer = torch.empty(passes, m, k, dtype=torch.int8)
+        assert torch.equal(exact_gemm.quantize_digits(x, k, bound, passes, buffer, wide=wide), ref_scale)
+        assert torch.equal(buffer.view(-1, k), expected), wide
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (37, 1100, 193), (13, 31, 3)])

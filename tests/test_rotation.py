@@ -82,7 +82,8 @@ def test_online_hadamard_is_batch_and_thread_invariant():
 
 @needs("avx2")
 @pytest.mark.parametrize("shape,block", [((301, 1536), 128), ((5, 96), 32), ((1, 256), 2), ((2, 12), 4), ((3, 64), 8),
-                                         ((7, 48), 16), ((3, 192), 64), ((4, 1024), 512)])
+                                         ((7, 48), 16), ((3, 192), 64), ((4, 1024), 512), ((3, 768), 256),
+                                         ((2, 2048), 1024)])
 def test_the_kernel_butterfly_equals_the_torch_one(shape, block):
     """online_down's CPU kernel (kernels/cpu/csrc/rowwise.cpp) and hadamard.transform: the same bits."""
     from kernels.cpu import rowwise

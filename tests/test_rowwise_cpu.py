@@ -125,7 +125,16 @@ def test_the_same_bits_on_every_cpu_kind():
 # ---- RMSNorm and SwiGLU in the next projection's quantiser pass (kernels/cpu/prologues.py) ----
 
 def quantized(x, k, bound, dtype, prologue=None, wide=None):
-    """exact_gemm's row quantiser on x (or on that row pass over x, in the same pass): (operand, scales)."""
+    """exact_gemm's row quantiser on x (or on that row pass over x, in the same pass): (operand, scales).
+    dtype int8: the integers as base-128 digits (exact_gemm.quantize_digits, the digit kernels' operand):
+    two digits for 13-bit bounds, into a buffer with spare rows (left as they were) and padding columns
+    (zeroed)."""
+    if dtype == torch.int8:
+        passes, m = (2 if bound > 127 else 1), x.shape[0]
+        q = torch.full((passes, m + 3, k + 5), 99, dtype=torch.int8)
+        scale = exact_gemm.quantize_digits(x, k, bound, passes, q, wide=wide, prologue=prologue)
+        assert (q[:, m:] == 99).all() and not q[:, :m, k:].any()
+        return q[:, :m], scale
     width = -(-k // 4) * 4 if dtype == torch.uint8 else -(-k // 2) * 2
     return exact_gemm._quantize_rows(x, k, bound, width, dtype, wide=wide, prologue=prologue)
 
@@ -140,7 +149,7 @@ def assert_every_thread_count_and_width_gives(expected, x, k, bound, dtype, prol
                 assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (threads, wide)
 
 
-@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
+@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127), (torch.int8, 8191)])
 @pytest.mark.parametrize("h", [576, 577, 5, 960])
 def test_rms_norm_in_the_quantisers_pass_gives_the_two_passes_integers(h, dtype, bound):
     """RMSNorm computed into a buffer of the thread's and quantised from there: the integers and scales
@@ -151,7 +160,7 @@ def test_rms_norm_in_the_quantisers_pass_gives_the_two_passes_integers(h, dtype,
     assert_every_thread_count_and_width_gives(expected, x, h, bound, dtype, RmsNorm(w, 1e-5))
 
 
-@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
+@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127), (torch.int8, 8191)])
 @pytest.mark.parametrize("i, block", [(1536, 128), (1536, 0), (13, 0), (24, 8)])
 def test_swiglu_in_the_quantisers_pass_gives_the_two_passes_integers(i, block, dtype, bound):
     """SwiGLU (+ down_proj's online Hadamard) likewise: the integers of swiglu's output, quantised after."""
@@ -160,7 +169,7 @@ def test_swiglu_in_the_quantisers_pass_gives_the_two_passes_integers(i, block, d
     assert_every_thread_count_and_width_gives(expected, gate_up, i, bound, dtype, SwiGLU(block))
 
 
-@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127)])
+@pytest.mark.parametrize("dtype, bound", [(torch.int16, 8191), (torch.uint8, 127), (torch.int8, 8191)])
 @pytest.mark.parametrize("k, block", [(1536, 128), (24, 8), (40, 2)])
 def test_the_hadamard_in_the_quantisers_pass_gives_the_two_passes_integers(k, block, dtype, bound):
     """down_proj's online Hadamard alone (where gate_up's kernel ended in SwiGLU) likewise."""
@@ -181,12 +190,13 @@ def test_a_prologue_of_the_wrong_shape_is_refused():
         quantized(x, 10, 127, torch.int16, Hadamard(0))  # the Hadamard alone needs a block
 
 
-@pytest.mark.parametrize("route, passes", [("int16", 2), ("vnni16", 2), ("vnni8", 1), ("int_mm", 2), ("float", 2)])
+@pytest.mark.parametrize("route, passes", [("int16", 2), ("vnni16", 2), ("vnni8", 1), ("amx8", 1), ("int_mm", 2),
+                                            ("amx_digits", 2), ("amx_digits", 1), ("float", 2)])
 def test_a_projection_given_a_prologue_gives_the_bits_of_its_input_computed_first(route, passes):
     """What the decoder runs (transformer.py gives qkv and gate_up their RMSNorm, down its SwiGLU): the
     projection's output bits equal those of the row pass run first, for every exact route -- fused
-    into the quantiser (int16, vnni16, vnni8), before the digits' quantiser (int_mm), or as torch's
-    own pass (float) -- and a Paley-block Hadamard (torch's) still runs, before the kernel."""
+    into the quantiser (int16, vnni16, vnni8, amx8; the digits' quantiser of int_mm and amx_digits), or
+    as torch's own pass (float) -- and a Paley-block Hadamard (torch's) still runs, before the kernel."""
     from prism_backend.model.exact_matmul import ExactWeight, int_bound
 
     skip_unless_route_available(route)

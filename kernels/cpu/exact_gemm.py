@@ -109,7 +109,7 @@ def load():
         lib.prism_quantize_rows_digits.restype = None
         lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                                   ctypes.c_void_p, ctypes.c_int]
+                                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.prism_amx_digits_gemm.restype = None
         lib.prism_amx_digits_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                               ctypes.c_void_p, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [
@@ -141,6 +141,15 @@ def load():
                                                                     ctypes.c_int, ctypes.c_int]
             getattr(lib, f"prism_hadamard_quantize_{kind}").restype = None
             getattr(lib, f"prism_hadamard_quantize_{kind}").argtypes = glu.argtypes
+        # ... and into base-128 digits: (..., bound, passes, q, ldq, mp, scale, wide, threads)
+        digits_tail = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                       ctypes.c_int, ctypes.c_int]
+        lib.prism_rms_norm_quantize_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                                       ctypes.c_float] + digits_tail
+        for name in ("swiglu", "hadamard"):
+            getattr(lib, f"prism_{name}_quantize_digits").argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + digits_tail
+        for name in ("rms_norm", "swiglu", "hadamard"):
+            getattr(lib, f"prism_{name}_quantize_digits").restype = None
         lib.prism_rotary.restype = None
         lib.prism_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 3 + [
             ctypes.c_int]
@@ -184,15 +193,41 @@ def _quantize_rows(x: torch.Tensor, k: int, x_bound: int, width: int, dtype: tor
     the same integers. prologue: quantise the rows of that pass over x instead (x (M, K) for RmsNorm
     and Hadamard, (M, 2 K) for SwiGLU), computed in the quantiser's pass (prologues.py)."""
     wide = wide_lanes(wide, "the row quantiser")
-    x = x.float().contiguous()
-    m, kind, lib = x.shape[0], "u8" if dtype == torch.uint8 else "i16", _library()
+    m = x.shape[0]
     q = torch.empty(-(-m // row_multiple) * row_multiple, width, dtype=dtype)
     q[m:] = pad
     scale = torch.empty(m, 1, dtype=torch.float32)
-    tail = (q.data_ptr(), width, scale.data_ptr(), int(wide), torch.get_num_threads())
+    _run_quantiser(x, k, x_bound, "u8" if dtype == torch.uint8 else "i16",
+                   (q.data_ptr(), width, scale.data_ptr(), int(wide), torch.get_num_threads()), prologue)
+    return q[:m], scale
+
+
+def quantize_digits(x: torch.Tensor, k: int, x_bound: int, passes: int, q: torch.Tensor, wide: bool | None = None,
+                    prologue: Prologue = None) -> torch.Tensor:
+    """The library's row quantiser on x (M, K), its integers split into `passes` base-128 digits
+    (split_digits', most significant first) written into q (passes, MP >= M, LDQ >= K) int8, digit t
+    of row r at q[t, r], the columns K..LDQ zero (rows M..MP untouched) -> the row scales (M, 1)
+    float32. wide and prologue: as _quantize_rows (the same integers whichever width or pass)."""
+    wide = wide_lanes(wide, "the digits' quantiser")
+    m = x.shape[0]
+    if q.dtype != torch.int8 or q.dim() != 3 or q.shape[0] != passes or q.shape[1] < m or q.shape[2] < k \
+            or not q.is_contiguous():
+        raise ValueError(f"the digits go into a contiguous ({passes}, >= {m}, >= {k}) int8 buffer, got "
+                         f"{tuple(q.shape)} {q.dtype}")
+    scale = torch.empty(m, 1, dtype=torch.float32)
+    _run_quantiser(x, k, x_bound, "digits", (passes, q.data_ptr(), q.shape[2], q.shape[1], scale.data_ptr(), int(wide),
+                                              torch.get_num_threads()), prologue)
+    return scale
+
+
+def _run_quantiser(x: torch.Tensor, k: int, x_bound: int, kind: str, tail: tuple, prologue: Prologue) -> None:
+    """Calls the library's quantiser of `kind` ("i16", "u8" or "digits") on x, or its form with the
+    prologue's row pass in front; tail: that quantiser's arguments after the bound."""
+    x, lib = x.float().contiguous(), _library()
+    m = x.shape[0]
     if prologue is None:
-        quantize = lib.prism_quantize_rows_u8 if kind == "u8" else lib.prism_quantize_rows
-        quantize(x.data_ptr(), m, k, x_bound, *tail)
+        name = {"i16": "prism_quantize_rows", "u8": "prism_quantize_rows_u8", "digits": "prism_quantize_rows_digits"}
+        getattr(lib, name[kind])(x.data_ptr(), m, k, x_bound, *tail)
     elif isinstance(prologue, RmsNorm):
         weight = prologue.weight.float().contiguous()
         if x.shape[1] != k or weight.shape != (k,):
@@ -210,20 +245,6 @@ def _quantize_rows(x: torch.Tensor, k: int, x_bound: int, width: int, dtype: tor
                              f"{tuple(x.shape)}, block {block}")
         getattr(lib, f"prism_{'swiglu' if glu else 'hadamard'}_quantize_{kind}")(x.data_ptr(), m, k, block, x_bound,
                                                                                  *tail)
-    return q[:m], scale
-
-
-def _prologue_applied(x: torch.Tensor, prologue: Prologue) -> torch.Tensor:
-    """x after the row pass, as its own float32 tensor (kernels whose quantiser has no fused form)."""
-    from kernels.cpu import rowwise  # rowwise imports this module
-
-    if prologue is None:
-        return x
-    if isinstance(prologue, RmsNorm):
-        return rowwise.rms_norm(x, prologue.weight, prologue.eps)
-    if isinstance(prologue, Hadamard):
-        return rowwise.hadamard_rows(x, prologue.hadamard_block)
-    return rowwise.swiglu(x, prologue.hadamard_block)
 
 
 class _Epilogue:
@@ -471,14 +492,10 @@ class DigitWeight:
                  prologue: Prologue = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> the digits of its per-row integers, stacked (P * M, K) int8 (digit i
         in rows i*M..), and the row scales (M, 1) float32: quant.py's quantisation and int8_passes.
-        prologue: the digits of that row pass over x (run first, as its own pass)."""
-        x = _prologue_applied(x, prologue).float().contiguous()
-        m = x.shape[0]
-        digits = torch.empty(self.act_passes * m, self.k, dtype=torch.int8)
-        scale = torch.empty(m, 1, dtype=torch.float32)
-        _library().prism_quantize_rows_digits(x.data_ptr(), m, self.k, x_bound, self.act_passes, digits.data_ptr(),
-                                              self.k, m, scale.data_ptr(), torch.get_num_threads())
-        return digits, scale
+        prologue: the digits of that row pass over x, in the same pass (quantize_digits)."""
+        digits = torch.empty(self.act_passes, x.shape[0], self.k, dtype=torch.int8)
+        scale = quantize_digits(x, self.k, x_bound, self.act_passes, digits, prologue=prologue)
+        return digits.view(-1, self.k), scale
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -526,19 +543,20 @@ class AmxDigitWeight:
         return sum(d.int() * DIGIT_BASE ** (len(digits) - 1 - j) for j, d in enumerate(digits))
 
     def _buffer(self, m: int) -> torch.Tensor:
-        """(P, rows up to a multiple of 16, 4 * kquads) int8 zeros: the kernel's activation operand."""
-        return torch.zeros(self.act_passes, -(-m // AMX_ROWS) * AMX_ROWS, 4 * self.kquads, dtype=torch.int8)
+        """(P, rows up to a multiple of 16, 4 * kquads) int8, the rows from m on zero: the kernel's
+        activation operand (rows 0..m are the quantiser's to write, their padding columns included)."""
+        q = torch.empty(self.act_passes, -(-m // AMX_ROWS) * AMX_ROWS, 4 * self.kquads, dtype=torch.int8)
+        q[:, m:] = 0
+        return q
 
     def quantize(self, x: torch.Tensor, x_bound: int,
                  prologue: Prologue = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (M, K) float32 -> the digits of its per-row integers, (P, M, 4 * kquads) int8 (a view of
         the kernel's padded buffer), and the row scales (M, 1) float32: quant.py's quantisation.
-        prologue: the digits of that row pass over x (run first, as its own pass)."""
-        x = _prologue_applied(x, prologue).float().contiguous()
+        prologue: the digits of that row pass over x, in the same pass (quantize_digits)."""
         m = x.shape[0]
-        q, scale = self._buffer(m), torch.empty(m, 1, dtype=torch.float32)
-        _library().prism_quantize_rows_digits(x.data_ptr(), m, self.k, x_bound, self.act_passes, q.data_ptr(),
-                                              q.shape[2], q.shape[1], scale.data_ptr(), torch.get_num_threads())
+        q = self._buffer(m)
+        scale = quantize_digits(x, self.k, x_bound, self.act_passes, q, prologue=prologue)
         return q[:, :m], scale
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
@@ -556,6 +574,7 @@ class AmxDigitWeight:
         else:
             m = x_int.shape[0]
             q = self._buffer(m)
+            q[:, :m, self.k :] = 0  # K's padding
             for t, digit in enumerate(split_digits(x_int, self.act_passes)):
                 q[t, :m, : self.k] = digit
         mp = q.stride(0) // q.stride(1)

@@ -377,11 +377,6 @@ void quantize_rows(const float* x, int m, int k, int bound, T* q, int ldq, float
 // P- and Q-pass integers is sum_ij 128^(P-1-i + Q-1-j) (x_i @ w_j), every x_i @ w_j an exact int32
 // GEMM. The quantiser below writes the digits x_i straight from float32 rows, the combiner sums the
 // P * Q int32 products in int64 (exact: below 2^53) and applies the kernels' epilogue.
-inline void store_digits(int8_t* out, __m256 v) {  // |v| <= 127: neither pack saturates
-  const __m256i i32 = _mm256_cvtps_epi32(v);
-  const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(i16, i16));
-}
 
 }  // namespace
 
@@ -467,40 +462,14 @@ extern "C" {
 
 // Per-row symmetric quantisation (prism_quantize_rows' integers and scales) split into `passes` base-128
 // digits: q (passes, mp, ldq) int8, most significant first, digit t of row r at q[(t * mp + r) * ldq],
-// the columns k..ldq zero (rows m..mp are the caller's). The
-// split is quant.py's int8_passes, operation for operation: d = round_half_even(rest / 128^i),
-// rest = rest - d * 128^i (exact in float32: divisions by powers of two, integers below 2^24).
+// the columns k..ldq zero (rows m..mp are the caller's); quantize.h's quantize_row_digits, which is
+// quant.py's int8_passes operation for operation. wide: 16 lanes at a time where the CPU has AVX-512
+// (the same digits).
 void prism_quantize_rows_digits(const float* x, int m, int k, int bound, int passes, int8_t* q, int ldq, int mp,
-                                float* scale, int threads) {
+                                float* scale, int wide, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int r = 0; r < m; ++r) {
-    const float* row = x + (long)r * k;
-    const float s = row_scale(row, k, bound);
-    scale[r] = s;
-    const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps((float)bound), lo = _mm256_set1_ps(-(float)bound);
-    int j = 0;
-    for (; j + 8 <= k; j += 8) {
-      __m256 rest = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      rest = _mm256_min_ps(_mm256_max_ps(rest, lo), hi);
-      for (int t = 0; t < passes; ++t) {
-        const __m256 p = _mm256_set1_ps((float)(1 << (7 * (passes - 1 - t))));
-        const __m256 d = _mm256_round_ps(_mm256_div_ps(rest, p), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        store_digits(q + ((long)t * mp + r) * ldq + j, d);
-        rest = _mm256_sub_ps(rest, _mm256_mul_ps(d, p));
-      }
-    }
-    for (; j < k; ++j) {
-      float rest = __builtin_nearbyintf(row[j] / s);
-      rest = rest < -(float)bound ? -(float)bound : (rest > (float)bound ? (float)bound : rest);
-      for (int t = 0; t < passes; ++t) {
-        const float p = (float)(1 << (7 * (passes - 1 - t)));
-        const float d = __builtin_nearbyintf(rest / p);
-        q[((long)t * mp + r) * ldq + j] = (int8_t)d;
-        rest = rest - d * p;
-      }
-    }
-    for (int t = 0; t < passes; ++t) memset(q + ((long)t * mp + r) * ldq + k, 0, ldq - k);  // K's padding
-  }
+  for (int r = 0; r < m; ++r)
+    scale[r] = quantize_row_digits(x + (long)r * k, k, bound, passes, q + (long)r * ldq, (long)mp * ldq, ldq, wide);
 }
 
 // The digits' products combined: acc[j] (j < wpasses) is (apasses * m, n) int32, row block i the

@@ -1,7 +1,8 @@
-// Prism's per-row symmetric quantiser (quant.py's quantize_rows, the same IEEE steps), shared by the
-// exact GEMMs' quantisers (exact_gemm.cpp) and the row-wise passes that quantise their own output
-// for the next projection (rowwise.cpp: RMSNorm and SwiGLU in the quantiser's pass). Included inside
-// each file's anonymous namespace, after <immintrin.h>.
+// Prism's per-row symmetric quantiser (quant.py's quantize_rows, the same IEEE steps), and the same
+// integers split into base-128 digits (quant.py's int8_passes), shared by the exact GEMMs' quantisers
+// (exact_gemm.cpp) and the row-wise passes that quantise their own output for the next projection
+// (rowwise.cpp: RMSNorm, SwiGLU and the Hadamard in the quantiser's pass). Included inside each
+// file's anonymous namespace, after <immintrin.h>.
 #pragma once
 
 // the target set of the AVX-512 (F/BW/VL) steps; callers check the CPU first
@@ -76,5 +77,65 @@ inline float quantize_row(const float* row, int k, int bound, T* out, int ldq, i
     out[j] = (T)((int)v + zero_point<T>());
   }
   for (; j < ldq; ++j) out[j] = (T)zero_point<T>();
+  return s;
+}
+
+// ---- the same integers as base-128 digits (quant.py's int8_passes; the digit kernels' operands) ----
+// X = sum_t 128^(P-1-t) x_t: d = round_half_even(rest / 128^e), rest = rest - d * 128^e, most
+// significant first. Every step is exact in float32 (integers below 2^24; the division by a power of
+// two is the multiplication by its inverse, bit for bit), so any vector width gives the same digits.
+inline void store_digits(int8_t* out, __m256 v) {  // |v| <= 127: neither pack saturates
+  const __m256i i32 = _mm256_cvtps_epi32(v);
+  const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(i16, i16));
+}
+inline float digit_weight(int passes, int t) { return (float)(1 << (7 * (passes - 1 - t))); }
+
+// 16 lanes at a time (AVX-512 CPUs; the caller checks); returns where it stopped.
+PRISM_AVX512 int quantize_digits16(const float* row, int k, float s, int bound, int passes, int8_t* out, long plane) {
+  const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps((float)bound), lo = _mm512_set1_ps(-(float)bound);
+  int j = 0;
+  for (; j + 16 <= k; j += 16) {
+    __m512 rest = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    rest = _mm512_min_ps(_mm512_max_ps(rest, lo), hi);
+    for (int t = 0; t < passes; ++t) {
+      const float p = digit_weight(passes, t);
+      const __m512 d = _mm512_roundscale_ps(_mm512_mul_ps(rest, _mm512_set1_ps(1.0f / p)),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + t * plane + j), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(d)));
+      rest = _mm512_sub_ps(rest, _mm512_mul_ps(d, _mm512_set1_ps(p)));
+    }
+  }
+  return j;
+}
+
+// One row's integers (quantize_row's) as `passes` digits: digit t at out + t * plane, columns k..ldq
+// zero (the kernels' k padding). wide: 16 lanes first (AVX-512; the caller checks), then 8, then one.
+// Returns the scale.
+inline float quantize_row_digits(const float* row, int k, int bound, int passes, int8_t* out, long plane, int ldq,
+                                 int wide) {
+  const float s = row_scale(row, k, bound);
+  const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps((float)bound), lo = _mm256_set1_ps(-(float)bound);
+  int j;
+  for (j = wide ? quantize_digits16(row, k, s, bound, passes, out, plane) : 0; j + 8 <= k; j += 8) {
+    __m256 rest = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    rest = _mm256_min_ps(_mm256_max_ps(rest, lo), hi);
+    for (int t = 0; t < passes; ++t) {
+      const float p = digit_weight(passes, t);
+      const __m256 d = _mm256_round_ps(_mm256_mul_ps(rest, _mm256_set1_ps(1.0f / p)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      store_digits(out + t * plane + j, d);
+      rest = _mm256_sub_ps(rest, _mm256_mul_ps(d, _mm256_set1_ps(p)));
+    }
+  }
+  for (; j < k; ++j) {
+    float rest = __builtin_nearbyintf(row[j] / s);
+    rest = rest < -(float)bound ? -(float)bound : (rest > (float)bound ? (float)bound : rest);
+    for (int t = 0; t < passes; ++t) {
+      const float p = digit_weight(passes, t), d = __builtin_nearbyintf(rest * (1.0f / p));
+      out[t * plane + j] = (int8_t)d;
+      rest = rest - d * p;
+    }
+  }
+  for (int t = 0; t < passes; ++t) memset(out + t * plane + k, 0, ldq - k);
   return s;
 }

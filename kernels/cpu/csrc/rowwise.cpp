@@ -7,9 +7,10 @@
 //                        block, the Hadamard butterfly below on the row (down_proj's input) in the same pass
 //   prism_hadamard_rows  the block-diagonal Walsh-Hadamard transform of model/hadamard.transform
 //   prism_rotary         the rotate-half rotary embedding, (x1 cos - x2 sin, x2 cos + x1 sin) per head
-//   prism_rms_norm_quantize_{i16,u8}, prism_swiglu_quantize_{i16,u8}, prism_hadamard_quantize_{i16,u8}
+//   prism_rms_norm_quantize_{i16,u8,digits}, prism_swiglu_quantize_{i16,u8,digits},
+//   prism_hadamard_quantize_{i16,u8,digits}
 //                        RMSNorm, SwiGLU (+ Hadamard) or the Hadamard alone, and then the next projection's row quantiser
-//                        (quantize.h) in one pass over each row: the row is computed into a buffer of
+//                        (quantize.h: int16, uint8 holding q + 128, or base-128 digits) in one pass over each row: the row is computed into a buffer of
 //                        the thread's and quantised from there, never written out as float32 -- the
 //                        same steps, so the same integers and scales as the two passes one after the other
 // The library is built with -ffp-contract=off: every multiply and add rounds as written.
@@ -29,7 +30,8 @@ using namespace avx2;
 // dividing k): x -> x H_block per block, unnormalised. Butterfly stages from the widest stride
 // (block / 2) to 1, each pair (a, b) -> (a + b, a - b): the operations, in the order, of
 // prism_backend/model/hadamard.transform, so the bits equal torch's whatever the vector width.
-// Strides of 8 and more run on 8 pairs per instruction; the last three stages (strides 4, 2, 1)
+// Strides of 8 and more run on 8 pairs per instruction, two stages per pass over the block where
+// both strides are 8 or more (hadamard_two_stages); the last three stages (strides 4, 2, 1)
 // inside each register of 8 consecutive elements (hadamard_last3), with the same sums and
 // differences: a + b = b + a exactly, and each difference is taken in the butterfly's order.
 inline __m256 hadamard_last3(__m256 v) {
@@ -50,9 +52,28 @@ inline void butterfly(float* row, int b0, int block, int h) {
     }
 }
 
+// Two stages, strides h and h / 2 (h / 2 >= 8), in one pass over the block: each group of four
+// elements (j, j + h/2, j + h, j + 3h/2) is loaded once and gets both stages' butterflies in
+// registers -- the same sums and differences as two passes, with half the loads and stores.
+inline void hadamard_two_stages(float* row, int b0, int block, int h) {
+  const int q = h / 2;
+  for (int i = b0; i < b0 + block; i += 2 * h)
+    for (int j = i; j < i + q; j += 8) {
+      const __m256 a0 = _mm256_loadu_ps(row + j), a1 = _mm256_loadu_ps(row + j + q);
+      const __m256 a2 = _mm256_loadu_ps(row + j + h), a3 = _mm256_loadu_ps(row + j + h + q);
+      const __m256 b0 = _mm256_add_ps(a0, a2), b2 = _mm256_sub_ps(a0, a2);  // stride h
+      const __m256 b1 = _mm256_add_ps(a1, a3), b3 = _mm256_sub_ps(a1, a3);
+      _mm256_storeu_ps(row + j, _mm256_add_ps(b0, b1));  // stride h / 2
+      _mm256_storeu_ps(row + j + q, _mm256_sub_ps(b0, b1));
+      _mm256_storeu_ps(row + j + h, _mm256_add_ps(b2, b3));
+      _mm256_storeu_ps(row + j + h + q, _mm256_sub_ps(b2, b3));
+    }
+}
+
 inline void hadamard_row(float* row, int k, int block) {
   for (int b0 = 0; b0 < k; b0 += block) {
     int h = block / 2;
+    for (; h >= 16; h /= 4) hadamard_two_stages(row, b0, block, h);
     for (; h >= 8; h /= 2)
       for (int i = b0; i < b0 + block; i += 2 * h)
         for (int j = i; j < i + h; j += 8) {
@@ -119,9 +140,9 @@ inline void swiglu_row(const float* gate, int i, int block, float* dst, int wide
 }
 
 // Rows 0..m of a row pass, each quantised for the next projection straight from a buffer of its thread's:
-// pass(r, buffer) writes row r's k floats, quantize_row turns them into q[r] (ldq wide) and scale[r].
-template <typename T, class RowPass>
-void quantize_after(int m, int k, int bound, T* q, int ldq, float* scale, int wide, int threads, RowPass pass) {
+// pass(r, buffer) writes row r's k floats, quantize(r, buffer) turns them into the operand's row r.
+template <class RowPass, class Quantize>
+void rows_quantized(int m, int k, int threads, RowPass pass, Quantize quantize) {
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> storage(k + 16);  // the buffer on a 64-byte line: vector loads split no cache line
@@ -129,9 +150,27 @@ void quantize_after(int m, int k, int bound, T* q, int ldq, float* scale, int wi
 #pragma omp for schedule(static)
     for (int r = 0; r < m; ++r) {
       pass(r, buffer);
-      scale[r] = quantize_row(buffer, k, bound, q + (long)r * ldq, ldq, wide);
+      quantize(r, buffer);
     }
   }
+}
+
+// ... into q (m, ldq) int16, or uint8 holding q + 128, and scale (m,) (quantize.h's quantize_row)
+template <typename T, class RowPass>
+void quantize_after(int m, int k, int bound, T* q, int ldq, float* scale, int wide, int threads, RowPass pass) {
+  rows_quantized(m, k, threads, pass, [&](int r, const float* row) {
+    scale[r] = quantize_row(row, k, bound, q + (long)r * ldq, ldq, wide);
+  });
+}
+
+// ... as `passes` base-128 digits (the digit kernels' operand): q (passes, mp, ldq) int8, digit t of row r
+// at q[(t * mp + r) * ldq] (quantize.h's quantize_row_digits), and scale (m,)
+template <class RowPass>
+void digits_after(int m, int k, int bound, int passes, int8_t* q, int ldq, int mp, float* scale, int wide, int threads,
+                  RowPass pass) {
+  rows_quantized(m, k, threads, pass, [&](int r, const float* row) {
+    scale[r] = quantize_row_digits(row, k, bound, passes, q + (long)r * ldq, (long)mp * ldq, ldq, wide);
+  });
 }
 
 }  // namespace
@@ -169,6 +208,12 @@ void prism_rms_norm_quantize_u8(const float* x, int m, int h, const float* w, fl
   quantize_after(m, h, bound, q, ldq, scale, wide, threads,
                  [&](int r, float* row) { rms_norm_row(x + (int64_t)r * h, h, w, eps, row); });
 }
+// ... and as base-128 digits, q (passes, mp, ldq) int8 (prism_quantize_rows_digits' layout)
+void prism_rms_norm_quantize_digits(const float* x, int m, int h, const float* w, float eps, int bound, int passes,
+                                    int8_t* q, int ldq, int mp, float* scale, int wide, int threads) {
+  digits_after(m, h, bound, passes, q, ldq, mp, scale, wide, threads,
+               [&](int r, float* row) { rms_norm_row(x + (int64_t)r * h, h, w, eps, row); });
+}
 
 // prism_swiglu's rows (gate_up (m, 2 i) -> i columns, Hadamard blocks of `block`) quantised likewise.
 void prism_swiglu_quantize_i16(const float* gate_up, int m, int i, int block, int bound, int16_t* q, int ldq,
@@ -180,6 +225,11 @@ void prism_swiglu_quantize_u8(const float* gate_up, int m, int i, int block, int
                               float* scale, int wide, int threads) {
   quantize_after(m, i, bound, q, ldq, scale, wide, threads,
                  [&](int r, float* row) { swiglu_row(gate_up + (int64_t)r * 2 * i, i, block, row, wide); });
+}
+void prism_swiglu_quantize_digits(const float* gate_up, int m, int i, int block, int bound, int passes, int8_t* q,
+                                  int ldq, int mp, float* scale, int wide, int threads) {
+  digits_after(m, i, bound, passes, q, ldq, mp, scale, wide, threads,
+               [&](int r, float* row) { swiglu_row(gate_up + (int64_t)r * 2 * i, i, block, row, wide); });
 }
 
 // x: (m, heads, d) float32 with rows ldx apart (a view of the qkv projection's output: no copy); out:
@@ -228,6 +278,13 @@ void prism_hadamard_quantize_i16(const float* x, int m, int k, int block, int bo
 void prism_hadamard_quantize_u8(const float* x, int m, int k, int block, int bound, uint8_t* q, int ldq, float* scale,
                                 int wide, int threads) {
   quantize_after(m, k, bound, q, ldq, scale, wide, threads, [&](int r, float* row) {
+    memcpy(row, x + (int64_t)r * k, sizeof(float) * k);
+    hadamard_row(row, k, block);
+  });
+}
+void prism_hadamard_quantize_digits(const float* x, int m, int k, int block, int bound, int passes, int8_t* q, int ldq,
+                                    int mp, float* scale, int wide, int threads) {
+  digits_after(m, k, bound, passes, q, ldq, mp, scale, wide, threads, [&](int r, float* row) {
     memcpy(row, x + (int64_t)r * k, sizeof(float) * k);
     hadamard_row(row, k, block);
   });
