@@ -43,6 +43,18 @@ struct Item {
 #include "vec.h"
 #include "accumulate.h"
 
+// Asks for query rows r0 .. r0 + count - 1 of one (segment, head) (those before q_len) to be in L1:
+// a row is 256 bytes hq * 256 apart, so rows of one head sit on different pages and the hardware
+// prefetchers miss them (measured on (a)'s layers: ~5% of the integer form's time, ~9% on (b)'s).
+// Both forms ask for a row group's successor while it computes. Loads nothing into registers: no
+// bit moves.
+inline void prefetch_rows(const float* q, const Item& it, int r0, int count, long q_row) {
+  for (int r = r0; r < r0 + count && r < it.q_len; ++r) {
+    const char* row = (const char*)(q + (long)(it.q_start + r) * q_row + (long)it.head * D);
+    for (int b = 0; b < D * (int)sizeof(float); b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
+}
+
 // whether a segment's key rows are one ascending run (a tree's first segment and its trunk blocks):
 // then both forms read its keys straight from the layer's transposed ones instead of gathering them
 inline bool one_run(const int32_t* rows, int count) {
