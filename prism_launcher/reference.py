@@ -35,20 +35,18 @@ def _correctly_rounded_rotary(model) -> None:
     one process in 50 (docs/determinism-and-precision.md, "A rare divergence between builds"); in
     one fresh-clone suite run (2026-12-05) this reference's probabilities on the sample ticket moved
     by 4e-5 in one process, past the fp32 tests' 1e-5, while Prism's fp32 gave its usual bits --
-    presumably that cos (not reproduced in 8 further processes, so not proven). The angles and the scaling are the module's
-    own (`position_ids * inv_freq` in float32, then `* attention_scaling`), so only cos and sin's
-    last bits can change, towards the exact values."""
-    from prism_backend.model.trig import cos_sin
+    presumably that cos (not reproduced in 8 further processes, so not proven). The angles and the
+    scaling are the module's own (`position_ids * inv_freq` in float32, then `* attention_scaling`),
+    so only cos and sin's last bits can change, towards the exact values."""
+    from prism_backend.model.trig import rotary_cos_sin
 
     def accurate(module, args, kwargs, output):
         x = args[0] if args else kwargs["x"]
         position_ids = args[1] if len(args) > 1 else kwargs["position_ids"]
         freqs = position_ids[..., None].float() * module.inv_freq.to(device=x.device, dtype=torch.float)
-        cos, sin = cos_sin(torch.cat((freqs, freqs), dim=-1))
-        scaling = getattr(module, "attention_scaling", 1.0)
-        return (cos * scaling).to(dtype=x.dtype), (sin * scaling).to(dtype=x.dtype)
+        cos, sin = rotary_cos_sin(freqs, getattr(module, "attention_scaling", 1.0))
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
     for module in model.modules():
         if type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "inv_freq"):
             module.register_forward_hook(accurate, with_kwargs=True)
-

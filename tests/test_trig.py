@@ -44,3 +44,23 @@ def test_the_table_has_the_same_bits_at_any_thread_count():
 def test_angles_beyond_the_exact_reduction_are_refused():
     with pytest.raises(ValueError, match="below"):
         cos_sin(torch.tensor([2e6]))
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
+def test_the_hf_reference_rotary_gives_the_correctly_rounded_values(tiny_model_dir, arch):
+    """prism_launcher.reference.HFReference replaces its rotary modules' cos and sin with the
+    correctly rounded ones of the module's own angles (torch's float32 cos differs from those in ~5% of
+    a table's entries, so without the hook this fails): the C library's double cos / sin of each
+    float32 angle, rounded to float32, times the module's attention scaling."""
+    from prism_launcher.reference import HFReference
+
+    model = HFReference(tiny_model_dir(arch)).model
+    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    positions = torch.arange(0, 4096, 3)[None, :]  # (1, N)
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    angles = (positions[..., None].float() * rotary.inv_freq.float()).double().flatten().tolist()
+    scaling = getattr(rotary, "attention_scaling", 1.0)
+    half = cos.shape[-1] // 2
+    for got, fn in ((cos, math.cos), (sin, math.sin)):
+        expected = torch.tensor([fn(a) for a in angles], dtype=torch.float64).float().view(got[..., :half].shape)
+        assert torch.equal(got[..., :half], expected * scaling) and torch.equal(got[..., half:], got[..., :half])

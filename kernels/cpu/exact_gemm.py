@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni, wide_lanes  # noqa: F401 (callers ask here too)
-from kernels.cpu.prologues import Hadamard, Prologue, RmsNorm, SwiGLU
+from kernels.cpu.prologues import Prologue, RmsNorm, SwiGLU
 
 CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)

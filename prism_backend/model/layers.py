@@ -14,7 +14,7 @@ from kernels.cpu import rowwise
 from kernels.cpu.prologues import Hadamard, Prologue, RmsNorm, SwiGLU
 
 from .rotation import online_down
-from .trig import cos_sin
+from .trig import rotary_cos_sin
 
 
 def _library_runs(x: torch.Tensor) -> bool:
@@ -33,15 +33,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class RotaryTable:
     """cos and sin of every position, computed once. Looking rows up (instead of evaluating cos/sin
     over the batch's positions) keeps a token's values independent of how many tokens are packed.
-    The angles are float32 products as Hugging Face's; their cos and sin come from trig.cos_sin (IEEE
-    float64 steps, rounded once) rather than torch's cos, which gave one of two results per process
-    on an Intel Xeon with AMX (trig.py)."""
+    The angles are float32 products as Hugging Face's; their cos and sin come from
+    trig.rotary_cos_sin (IEEE float64 steps, rounded once) rather than torch's cos, which gave one
+    of two results per process on an Intel Xeon with AMX (trig.py)."""
 
     def __init__(self, inv_freq: torch.Tensor, scaling: float, max_positions: int):
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq.float()[None, :]  # (P, head_dim/2)
-        cos, sin = cos_sin(freqs)
-        self.cos, self.sin = (torch.cat((t, t), dim=-1) * scaling for t in (cos, sin))  # (P, head_dim)
+        self.cos, self.sin = rotary_cos_sin(freqs, scaling)  # (P, head_dim)
 
     def __call__(self, positions: torch.Tensor):
         """positions: (N,) -> cos, sin: (N, 1, head_dim), broadcast over heads."""

@@ -53,3 +53,11 @@ def cos_sin(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     cos = torch.where((quadrant == 1) | (quadrant == 2), -cos, cos)
     sin = torch.where(quadrant >= 2, -sin, sin)
     return cos.float(), sin.float()
+
+
+def rotary_cos_sin(freqs: torch.Tensor, scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """freqs: rotary angles (..., head_dim / 2) -> cos and sin of cat(freqs, freqs) times `scaling`,
+    (..., head_dim) float32 each: the rotate-half convention's tables (Prism's RotaryTable, and the
+    Hugging Face reference's rotary modules, prism_launcher/reference.py)."""
+    cos, sin = cos_sin(freqs)
+    return tuple(torch.cat((t, t), dim=-1) * scaling for t in (cos, sin))
