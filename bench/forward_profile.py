@@ -1,6 +1,7 @@
 """Where one forward's milliseconds go, on workloads (a) and (b), for each precision asked for.
 
     .venv/bin/python bench/forward_profile.py [--precision int8 exact fp32 int8:float] [--repeats 5]
+                                              [--keep-exact 'qkv,down:1+2']
 
 A precision may name tree attention's arithmetic after a colon (EngineConfig.attention): `int8:float`
 is the int8 default with float32 attention instead of its integer form.
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--precision", nargs="+", default=["int8", "exact", "fp32"],
                         help="precision[:attention] (EngineConfig.attention: integer, float)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--keep-exact", default=EngineConfig.keep_exact, help="int8's precision plan (EngineConfig)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     instrument_module()
@@ -96,7 +98,7 @@ def main() -> None:
     for precision in args.precision:
         name, _, attention = precision.partition(":")
         config = EngineConfig(model_dir=DEFAULT_MODEL_DIR, precision=name, attention=attention or "auto",
-                              prefix_cache_bytes=0, num_threads=2)
+                              keep_exact=args.keep_exact, prefix_cache_bytes=0, num_threads=2)
         pipeline = DecisionPipeline(config, REGISTRY_PATH)
         instrument(pipeline)
         for workload, make in WORKLOADS.items():
@@ -106,10 +108,12 @@ def main() -> None:
     steps = sorted({k for r in results.values() for k in r} - {"total"},
                    key=lambda k: -max(r.get(k, 0.0) for r in results.values()))
     routes = describe_chosen_routes() or "none"
+    plan = "" if args.keep_exact == EngineConfig.keep_exact else f" --keep-exact '{args.keep_exact}'"
+    which = "the default plan" if not plan else "the plan"
     lines = ["# Where one forward's time goes", "",
              f"`.venv/bin/python bench/forward_profile.py --precision {' '.join(args.precision)} --repeats "
-             f"{args.repeats}`, {time.strftime('%Y-%m-%d')}, on {machine()}, 2 threads, prefix cache off; ms, median "
-             f"of {args.repeats} runs per step (int8 is the default plan, keep_exact={EngineConfig.keep_exact!r}). Exact-product routes "
+             f"{args.repeats}{plan}`, {time.strftime('%Y-%m-%d')}, on {machine()}, 2 threads, prefix cache off; ms, median "
+             f"of {args.repeats} runs per step (int8 is {which}, keep_exact={args.keep_exact!r}). Exact-product routes "
              f"chosen (passes, K x N): {routes}.", "",
              "| step | " + " | ".join(f"{p} {w.split(':')[0]}" for p, w in columns) + " |",
              "|---|" + "---|" * len(columns)]

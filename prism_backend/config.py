@@ -82,7 +82,8 @@ class EngineConfig:
     precision: str = "int8"  # see PRECISIONS
     # Under int8, the projections kept in the exact scheme (the precision plan, engine/calibration.py):
     # comma-separated names out of PROJECTIONS, each for every layer, one ("down@0") or a range of
-    # layers, both ends included ("qkv@0-14"); "" = none.
+    # layers, both ends included ("qkv@0-14"); "" = none. An item may name its own passes, activations
+    # + weights ("down:1+2": 8-bit activations on 13-bit weights), else act_passes + weight_passes.
     # The default keeps down_proj and qkv exact (59% of the MACs in 8 bits): on the full eval it beats
     # bf16 on every measure with two different calibrations; down alone (75%) did once and missed bf16's
     # agreement with another, nothing kept exact misses it (docs/eval.md).
@@ -144,7 +145,7 @@ class EngineConfig:
 
     def __post_init__(self):
         _ = self.compute  # building the compute settings checks precision, passes and kernels
-        _ = self.exact_plan  # checks keep_exact
+        self._check_plan()
         if self.precision == "int8" and (self.act_passes, self.weight_passes) == (1, 1):
             # before 2026-12-01, int8 was the exact scheme and this its 8-bit rung
             raise ConfigError("act_passes=1 with weight_passes=1 under precision 'int8' was the old 8-bit rung: "
@@ -173,22 +174,53 @@ class EngineConfig:
     @property
     def exact_plan(self) -> tuple[tuple[str, int | None], ...]:
         """keep_exact parsed: (projection, layer or None for every layer) pairs."""
+        return tuple((name, layer) for name, layer, _ in self._plan_items())
+
+    def _plan_items(self) -> list[tuple[str, int | None, tuple[int, int] | None]]:
+        """keep_exact parsed: (projection, layer or None, the item's own (act, weight) passes or None)."""
         plan = []
         for item in filter(None, (part.strip() for part in self.keep_exact.split(","))):
-            match = re.fullmatch(r"([^@]+)(?:@([0-9]+)(?:-([0-9]+))?)?", item)  # name[@first[-last]]
-            name, first, last = match.groups() if match else (None, None, None)
+            # name[@first[-last]][:act+weight]
+            match = re.fullmatch(r"([^@:]+)(?:@([0-9]+)(?:-([0-9]+))?)?(?::([0-9])\+([0-9]))?", item)
+            name, first, last, act, weight = match.groups() if match else (None,) * 5
             if name not in PROJECTIONS or (last is not None and int(last) < int(first)):
-                raise ConfigError(f"keep_exact: {item!r} is not a projection out of {PROJECTIONS}, "
-                                  "optionally with @layer or @first-last (e.g. 'down', 'down@0', 'qkv@0-14')")
-            if first is None:
-                plan.append((name, None))
-            else:
-                plan.extend((name, layer) for layer in range(int(first), int(last or first) + 1))
-        return tuple(plan)
+                raise ConfigError(f"keep_exact: {item!r} is not a projection out of {PROJECTIONS}, optionally with "
+                                  "@layer or @first-last and :act+weight passes (e.g. 'down', 'down@0', 'qkv@0-14', "
+                                  "'down:1+2')")
+            passes = None if act is None else (int(act), int(weight))
+            if passes is not None:
+                if passes == (1, 1):
+                    raise ConfigError(f"keep_exact: {item!r} asks for 1+1 passes, the projection's 8-bit form: "
+                                      f"leave {name} out of keep_exact to serve its GPTQ-rounded 8-bit integers")
+                try:
+                    ComputeSettings(self.precision, *passes)  # checks the pass counts
+                except ConfigError as error:
+                    raise ConfigError(f"keep_exact: {item!r}: {error}") from None
+            layers = [None] if first is None else range(int(first), int(last or first) + 1)
+            plan.extend((name, layer, passes) for layer in layers)
+        return plan
+
+    def _check_plan(self) -> None:
+        """keep_exact parses, and names no projection of a layer twice with different passes."""
+        items = self._plan_items()
+        for i, (name, layer, passes) in enumerate(items):
+            for other, other_layer, other_passes in items[:i]:
+                if name == other and None in (layer, other_layer) or (name, layer) == (other, other_layer):
+                    self.exact_passes(name, layer if layer is not None else other_layer)  # raises on a clash
+
+    def exact_passes(self, name: str, layer: int) -> tuple[int, int] | None:
+        """The (act, weight) passes of projection `name` of `layer` under int8 where the plan keeps it
+        exact (its item's own, else act_passes and weight_passes), None where it runs in 8 bits."""
+        found = {passes or (self.act_passes, self.weight_passes)
+                 for n, at, passes in self._plan_items() if n == name and at in (None, layer)}
+        if len(found) > 1:
+            raise ConfigError(f"keep_exact names {name} of layer {layer} with different passes: "
+                              + ", ".join(f"{a}+{w}" for a, w in sorted(found)))
+        return found.pop() if found else None
 
     def keeps_exact(self, name: str, layer: int) -> bool:
         """Whether projection `name` of `layer` runs in the exact scheme under int8."""
-        return any(n == name and at in (None, layer) for n, at in self.exact_plan)
+        return self.exact_passes(name, layer) is not None
 
     @property
     def compute(self) -> ComputeSettings:

@@ -219,6 +219,47 @@ def test_the_plan_keeps_the_named_projections_exact(tiny_model_dir):
     assert engine.model.proj[0].qkv.act_passes == 1 and engine.model.proj[1].q.act_passes == 1
 
 
+def test_a_plan_item_serves_its_own_passes(tiny_model_dir):
+    """`down:1+2` serves down_proj as 8-bit activations on 13-bit weights (round-to-nearest), qkv in the
+    settings' 2+2: the projection's output is bit for bit quant.py's integers of that width, multiplied
+    exactly and dequantised -- which 13-bit activations would not give."""
+    from prism_backend.engine.engine import DecisionEngine
+    from prism_backend.model.exact_matmul import dequantize, quantize_rows
+
+    engine = DecisionEngine(EngineConfig(model_dir=tiny_model_dir("llama3"), keep_exact="qkv, down:1+2",
+                                         prefix_cache_bytes=0))
+    first, last = engine.model.proj
+    for p in (first, last):
+        assert (p.down.act_passes, p.down.weight_passes) == (1, 2)
+        assert (p.gate_up.act_passes, p.gate_up.weight_passes) == (1, 1)  # GPTQ's 8 bits
+    assert (first.qkv.act_passes, first.qkv.weight_passes) == (2, 2) == (last.q.act_passes, last.kv.weight_passes)
+    down = first.down
+    high, low = down.w.int8_digits()  # (I, H) int8 each
+    w_int = high.double() * 128 + low.double()
+    assert 127 < w_int.abs().max() <= 8191
+    x = torch.randn(7, w_int.shape[0], generator=torch.Generator().manual_seed(3))
+    served = down(x)
+    for bound, equal in ((127, True), (8191, False)):
+        x_int, x_scale = quantize_rows(x, bound)
+        expected = dequantize(torch.mm(x_int.double(), w_int), x_scale, down.w_scale, None)
+        assert torch.equal(served, expected) == equal
+
+
+def test_a_plan_item_names_passes_once(tmp_path):
+    plan = EngineConfig(model_dir=tmp_path, keep_exact="qkv@0-1:1+2, qkv@2, down:1+2")
+    assert plan.exact_plan == (("qkv", 0), ("qkv", 1), ("qkv", 2), ("down", None))
+    assert [plan.exact_passes("qkv", layer) for layer in range(4)] == [(1, 2), (1, 2), (2, 2), None]
+    assert plan.exact_passes("down", 7) == (1, 2) and plan.exact_passes("o", 0) is None
+    assert EngineConfig.from_parameters({"model_dir": str(tmp_path), "keep_exact": "down:3+2"}).exact_passes(
+        "down", 0) == (3, 2)
+    for bad, message in (("down, down@3:1+2", "down of layer 3 with different passes: 1\\+2, 2\\+2"),
+                         ("down:1+1", "1\\+1 passes, the projection's 8-bit form"),
+                         ("down:4+2", "'down:4\\+2': act_passes must be 1, 2 or 3"),
+                         ("down:2+3", "weight_passes must be 1 or 2"), ("down:1-2", "not a projection")):
+        with pytest.raises(ConfigError, match=message):
+            EngineConfig(model_dir=tmp_path, keep_exact=bad)
+
+
 def test_the_old_8_bit_rung_names_the_new_precisions(tmp_path):
     with pytest.raises(ConfigError, match="precision 'exact' with act_passes=1"):
         EngineConfig(model_dir=tmp_path, precision="int8", act_passes=1, weight_passes=1)

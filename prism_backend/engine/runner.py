@@ -57,6 +57,7 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
         rotate(mine, weights, down_block(spec.intermediate_size), vocab)
         for i, (lw, layer) in enumerate(zip(weights.layers, shard_integers(integers, spec, shard))):
             lw.integers = {name: ints for name, ints in layer.items() if not config.keeps_exact(name, i)}
+            lw.passes = {name: config.exact_passes(name, i) for name in layer if config.keeps_exact(name, i)}
     if config.precision != "int8":
         for lw in weights.layers:  # exact and fp32 compute from the (dequantised) float weights
             lw.integers = None

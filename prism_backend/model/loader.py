@@ -32,6 +32,9 @@ class LayerWeights:
     # ("qkv", "o", "gate_up", "down"): (integers (out, in), scales (out,)); a projection without an
     # entry is rounded to nearest at load, in the settings' passes
     integers: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    # (act, weight) passes of the projections rounded at load where the precision plan names its own
+    # (EngineConfig.keep_exact "down:1+2"), by name; the others take the settings' passes
+    passes: dict[str, tuple[int, int]] | None = None
 
 
 @dataclass

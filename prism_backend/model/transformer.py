@@ -10,6 +10,8 @@ answer rows; no LM head runs here at all (scoring.py multiplies by the candidate
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..config import ComputeSettings
@@ -31,10 +33,14 @@ class Projections:
     def __init__(self, lw: LayerWeights, spec: ModelSpec, settings: ComputeSettings, last: bool):
         unsplit = settings.with_group(None)  # column-parallel maps need no collective
 
-        integers = lw.integers or {}
+        integers, passes = lw.integers or {}, lw.passes or {}
 
         def make(weight, bias=None, row_parallel=False, name=None, glu=False):
-            return make_linear(weight, bias, settings if row_parallel else unsplit, integers.get(name), glu)
+            chosen = settings if row_parallel else unsplit
+            own = passes.get("qkv" if name in ("q", "kv") else name)  # the plan's passes for a projection it keeps
+            if own is not None:
+                chosen = dataclasses.replace(chosen, act_passes=own[0], weight_passes=own[1])
+            return make_linear(weight, bias, chosen, integers.get(name), glu)
 
         self.qkv = self.q = self.kv = None
         if last:
