@@ -52,13 +52,19 @@ def test_tp2_is_bit_identical_to_tp1_for_the_embedded_model(int8_pipeline):
     assert wait_for(lambda: not tp_workers(), 20)
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp32"])
-def test_tp2_on_a_tiny_qwen3(tiny_model_dir, precision):
-    config = EngineConfig(model_dir=tiny_model_dir("qwen3"), precision=precision, prefix_cache_bytes=0)
+@pytest.mark.parametrize("precision, plan", [("int8", None), ("int8", "qkv,down:1+2"), ("fp32", None)])
+def test_tp2_on_a_tiny_qwen3(tiny_model_dir, precision, plan):
+    """plan: a precision plan whose row-parallel down_proj has its own passes (8-bit activations: the
+    ranks all-reduce its row maxima and exact integer sums as for any width)."""
+    config = EngineConfig(model_dir=tiny_model_dir("qwen3"), precision=precision, prefix_cache_bytes=0,
+                          **({} if plan is None else {"keep_exact": plan}))
     batch = BATCH[:2]
     single, _ = DecisionPipeline(config, REGISTRY).decide_many(batch)
     tp2 = DecisionPipeline(config.replace(tp_size=2), REGISTRY)
     try:
+        if plan is not None:  # rank 0's row-parallel down_proj in the plan's own passes
+            assert {(p.down.act_passes, p.down.weight_passes, p.down.group is not None)
+                    for p in tp2.engine.runner.model.proj} == {(1, 2, True)}
         split, _ = tp2.decide_many(batch)
     finally:
         tp2.engine.close()
