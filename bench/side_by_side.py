@@ -51,6 +51,7 @@ from vllm_driver import VLLM_PYTHON, run_vllm, vllm_session  # noqa: E402
 from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
+from kernels.cpu.exact_gemm import amx8_available  # noqa: E402
 from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_launcher.reference import HFReference  # noqa: E402
@@ -149,6 +150,9 @@ LLAMA_LABEL = "llama.cpp Q8_0, KV prefix reuse"
 W8A8_LABEL = "vLLM W8A8 (llm-compressor) prefix on"
 EXACT_LABEL = "prism engine exact (13-bit)"
 EIGHT_BIT_LABEL = "prism engine int8, every projection 8-bit"  # keep_exact='': faster, ~1.6x the default's error
+VLLM_BF16_LABEL = "vLLM bf16 prefix on"
+AMX_PLAN = "qkv,down:1+2"  # down_proj's 13-bit weights with 8-bit activations: two AMX tile products, not four
+AMX_PLAN_LABEL = f"prism engine int8, keep_exact={AMX_PLAN}"
 
 
 def peer_sessions(model_dir: Path, w8a8_dir: Path, gguf: Path, vllm: bool, vllm_fp32: bool = False) -> dict:
@@ -158,7 +162,7 @@ def peer_sessions(model_dir: Path, w8a8_dir: Path, gguf: Path, vllm: bool, vllm_
     missing)."""
     runs = []
     if vllm:
-        runs = [("vLLM bf16 prefix on", model_dir, "bfloat16", True), ("vLLM bf16 prefix off", model_dir, "bfloat16", False)]
+        runs = [(VLLM_BF16_LABEL, model_dir, "bfloat16", True), ("vLLM bf16 prefix off", model_dir, "bfloat16", False)]
         runs += [("vLLM fp32 prefix on", model_dir, "float32", True)] if vllm_fp32 else []
         runs += [(W8A8_LABEL, w8a8_dir, "bfloat16", True)] if w8a8_dir.exists() else []
     sessions = {label: (lambda checkpoint=checkpoint, dtype=dtype, on=on: vllm_session(on, checkpoint, dtype))
@@ -420,6 +424,8 @@ def main() -> None:
         EXACT_LABEL: dict(precision="exact"),
         "prism engine fp32": dict(precision="fp32"),
     }
+    if amx8_available():  # the plan that is faster on AMX tiles only (amx_plan_section)
+        engine_configs[AMX_PLAN_LABEL] = dict(precision="int8", keep_exact=AMX_PLAN)
     for label, settings in engine_configs.items():
         print(label, flush=True)
         pipeline = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS,
@@ -468,6 +474,12 @@ def main() -> None:
                                              **engine_configs[EIGHT_BIT_LABEL]), REGISTRY)
         same_width = peers_alternately(rung.decide_many, {W8A8_LABEL: sessions[W8A8_LABEL]}, ticket, ids, reps)
         del rung
+    amx_plan = {}  # the AMX plan against vLLM bf16 with prefix caching, alternately
+    if AMX_PLAN_LABEL in engine_configs and VLLM_BF16_LABEL in sessions:
+        plan = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS,
+                                             **engine_configs[AMX_PLAN_LABEL]), REGISTRY)
+        amx_plan = peers_alternately(plan.decide_many, {VLLM_BF16_LABEL: sessions[VLLM_BF16_LABEL]}, ticket, ids, reps)
+        del plan
 
     startup: dict[str, float] = {}  # server start to ready, seconds
     print("server startup", flush=True)
@@ -525,9 +537,11 @@ def main() -> None:
     peaks = matmul_peaks()
     print("eval subset", flush=True)
     accuracy = eval_subset(args.model_dir, args.eval_limit, vllm, args.w8a8_dir if vllm else None,
-                           {**PRISM_DEFAULT_PLAN, EIGHT_BIT_ERROR_LABEL: engine_configs[EIGHT_BIT_LABEL]})
+                           {**PRISM_DEFAULT_PLAN, EIGHT_BIT_ERROR_LABEL: engine_configs[EIGHT_BIT_LABEL],
+                            **({f"Prism int8, keep_exact={AMX_PLAN}": engine_configs[AMX_PLAN_LABEL]}
+                               if AMX_PLAN_LABEL in engine_configs else {})})
     write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
-                 startup, accuracy, overhead, versus, idle_cpu, same_width)
+                 startup, accuracy, overhead, versus, idle_cpu, same_width, amx_plan)
 
 
 PRISM_DEFAULT_PLAN = {"Prism int8 (default)": {}}
@@ -572,30 +586,49 @@ def alternation_row(workload: str, label: str, rounds: dict[str, list[float]], r
             f"{1000 * statistics.median(rounds['peer']):.0f} | {ratio:.2f}x | {pairs[0]:.2f}-{pairs[-1]:.2f}x |")
 
 
-def same_width_section(same_width: dict[str, dict[str, dict]]) -> tuple[list[str], dict[str, float]]:
-    """The report's section on Prism's 8-bit rung against vLLM's W8A8 checkpoint (peers_alternately's
-    rounds, workload -> {W8A8_LABEL: {"prism": seconds, "peer": seconds}}) -> (its lines, workload ->
-    the ratio of the medians, peer / Prism); nothing where the pairing did not run."""
-    rung_over = {w: statistics.median(row[W8A8_LABEL]["peer"]) / statistics.median(row[W8A8_LABEL]["prism"])
-                 for w, row in same_width.items() if W8A8_LABEL in row}
-    if not rung_over:
+def pairing_section(rounds: dict[str, dict[str, dict]], peer: str, heading: str, intro: str,
+                    prism_name: str) -> tuple[list[str], dict[str, float]]:
+    """A report section on one of Prism's other plans against one peer, alternately (peers_alternately's
+    rounds, workload -> {peer: {"prism": seconds, "peer": seconds}}) -> (its lines, workload -> the ratio
+    of the medians, peer / Prism); nothing where the pairing did not run."""
+    over = {w: statistics.median(row[peer]["peer"]) / statistics.median(row[peer]["prism"])
+            for w, row in rounds.items() if peer in row}
+    if not over:
         return [], {}
-    lines = ["", "## At W8A8's own bit width, alternately", "",
-             "The default keeps qkv and down_proj in 13 bits for its accuracy (docs/eval.md); vLLM's W8A8 "
-             "checkpoint has every projection in 8 bits. The same pairing with Prism's 8-bit rung "
-             "(`keep_exact=''`, every projection 8-bit) in place of the default, its error on the eval subset "
-             "in (e) beside the checkpoint's.", "",
-             "| workload | peer | Prism 8-bit rung ms | peer ms | peer / Prism | spread |", "|---|---|---|---|---|---|"]
-    lines += [alternation_row(w, W8A8_LABEL, same_width[w][W8A8_LABEL], ratio) for w, ratio in rung_over.items()]
-    return lines, rung_over
+    lines = ["", f"## {heading}", "", intro, "",
+             f"| workload | peer | {prism_name} ms | peer ms | peer / Prism | spread |", "|---|---|---|---|---|---|"]
+    lines += [alternation_row(w, peer, rounds[w][peer], ratio) for w, ratio in over.items()]
+    return lines, over
+
+
+def same_width_section(same_width: dict[str, dict[str, dict]]) -> tuple[list[str], dict[str, float]]:
+    """The report's section on Prism's 8-bit rung against vLLM's W8A8 checkpoint (pairing_section)."""
+    return pairing_section(
+        same_width, W8A8_LABEL, "At W8A8's own bit width, alternately",
+        "The default keeps qkv and down_proj in 13 bits for its accuracy (docs/eval.md); vLLM's W8A8 "
+        "checkpoint has every projection in 8 bits. The same pairing with Prism's 8-bit rung "
+        "(`keep_exact=''`, every projection 8-bit) in place of the default, its error on the eval subset "
+        "in (e) beside the checkpoint's.", "Prism 8-bit rung")
+
+
+def amx_plan_section(amx_plan: dict[str, dict[str, dict]]) -> tuple[list[str], dict[str, float]]:
+    """The report's section on the AMX plan (`keep_exact=AMX_PLAN`) against vLLM bf16 with prefix
+    caching (pairing_section); only run on CPUs with AMX tiles, the only ones where it is faster."""
+    return pairing_section(
+        amx_plan, VLLM_BF16_LABEL, "The AMX plan against vLLM bf16, alternately",
+        f"On AMX tiles down_proj's 13-bit product is four 8-bit tile products; `keep_exact={AMX_PLAN}` serves "
+        "its 13-bit weights with 8-bit activations, two tile products (full eval: agreement 0.995, mean / max "
+        "error 0.0150 / 0.0732, inside bf16's envelope overall; docs/eval.md). Not the default: on VNNI and "
+        "AVX2 CPUs it costs accuracy for no speed. Its error on the eval subset is in (e).", "Prism AMX plan")
 
 
 def write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps,
                  forest_tokens: int, startup: dict[str, float], accuracy: dict[str, dict[str, float]],
                  overhead: dict[str, dict[str, list[float]]], versus: dict[str, dict[str, dict]],
-                 idle_cpu: dict[str, float], same_width: dict[str, dict[str, dict]] | None = None) -> None:
+                 idle_cpu: dict[str, float], same_width: dict[str, dict[str, dict]] | None = None,
+                 amx_plan: dict[str, dict[str, dict]] | None = None) -> None:
     """versus: peers_alternately against the default; same_width: against the 8-bit rung (the W8A8
-    checkpoint only; empty where there is none)."""
+    checkpoint only; empty where there is none); amx_plan: the AMX plan against vLLM bf16 (AMX CPUs only)."""
     base = "prism engine int8"
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
     lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {machine()}, {time.strftime('%Y-%m-%d')}.", "",
@@ -642,6 +675,8 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
         lines += [alternation_row(w, label, t, peer_over_prism[w][label]) for label, t in row.items()]
     same_width_lines, rung_over = same_width_section(same_width or {})
     lines += same_width_lines
+    amx_plan_lines, amx_plan_over = amx_plan_section(amx_plan or {})
+    lines += amx_plan_lines
     lines += ["", f"## (e) Probability error on the eval subset (the first {args.eval_limit} documents of each set; "
               "the same prompt tokens for every engine)", "",
               "Against Prism fp32 (the reference): err = max over a decision's options of |p - p_fp32|.", ""]
@@ -679,7 +714,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     # The speed issue's targets (#29): ratios = the engine's time / Prism's default's time.
     targets = [("(a) vs Prism fp32", med[a]["prism engine fp32"] / med[a][base], 2.0),
                ("(b) vs Prism fp32", med[b]["prism engine fp32"] / med[b][base], 2.0)]
-    peer_goals = [(w, "vLLM bf16 prefix on", "vLLM prefix caching on", goal) for w, goal in ((a, 1.5), (b, 1.2))]
+    peer_goals = [(w, VLLM_BF16_LABEL, "vLLM prefix caching on", goal) for w, goal in ((a, 1.5), (b, 1.2))]
     peer_goals += [(a, "vLLM bf16 prefix off", "vLLM prefix caching off", 4.0)]
     peer_goals += [(w, W8A8_LABEL, "vLLM W8A8 prefix caching on", 1.0) for w in (a, b)]
     peer_goals += [(w, LLAMA_LABEL, "llama.cpp Q8_0", 2.0) for w in (a, b)]
@@ -691,6 +726,9 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     for w, ratio in rung_over.items():  # beside the targets, not one of them: the default is what they ask of
         targets.append((f"({w[0]}) vs vLLM W8A8 at its bit width: Prism's 8-bit rung (alternately; not the default)",
                         ratio, 1.0))
+    for w, ratio in amx_plan_over.items():
+        targets.append((f"({w[0]}) vs vLLM prefix caching on: the AMX plan `{AMX_PLAN}` (alternately; not the default)",
+                        ratio, 1.5 if w == a else 1.2))
     vllm_rps = throughput_rows.get("vLLM server bf16 prefix on")
     if vllm_rps and "prism triton int8" in throughput_rows:
         for c, prism, vllm in zip(concurrency, throughput_rows["prism triton int8"], vllm_rps):

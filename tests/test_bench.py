@@ -115,6 +115,19 @@ def test_the_same_width_section_reports_the_rungs_rounds_against_w8a8():
     assert same_width_section({"a: 1 ticket x 3 questions": {}}) == ([], {})
 
 
+def test_the_amx_plan_section_reports_its_rounds_against_vllm_bf16():
+    """The AMX plan's pairing with vLLM bf16 (prefix caching on): its own section, the same rows."""
+    from side_by_side import AMX_PLAN, VLLM_BF16_LABEL, amx_plan_section
+
+    rounds = {"a: 1 ticket x 3 questions": {VLLM_BF16_LABEL: {"prism": [0.20, 0.22, 0.21], "peer": [0.25, 0.26, 0.24]}}}
+    lines, ratios = amx_plan_section(rounds)
+    assert ratios == pytest.approx({"a: 1 ticket x 3 questions": 0.25 / 0.21})
+    assert "## The AMX plan against vLLM bf16, alternately" in lines and any(AMX_PLAN in line for line in lines)
+    assert [line for line in lines if line.startswith("| a:")] == [
+        f"| a: 1 ticket x 3 questions | {VLLM_BF16_LABEL} | 210 | 250 | 1.19x | 1.14-1.25x |"]
+    assert amx_plan_section({}) == ([], {})
+
+
 def test_peer_sessions_name_the_peers_the_targets_read(tmp_path, monkeypatch):
     """The sessions' labels are the ones write_report's ratio targets look up; nothing starts until called."""
     import side_by_side
