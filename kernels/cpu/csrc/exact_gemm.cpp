@@ -371,13 +371,6 @@ void quantize_rows(const float* x, int m, int k, int bound, T* q, int ldq, float
   for (int r = 0; r < m; ++r) scale[r] = quantize_row(x + (long)r * k, k, bound, q + (long)r * ldq, ldq, wide);
 }
 
-// ---- base-128 digits for an int8 x int8 -> int32 GEMM (torch._int_mm: oneDNN, AMX tiles where the
-// CPU has them) ----
-// Integers of P passes are X = sum_i 128^(P-1-i) x_i (quant.py's int8_passes): the product X @ W of
-// P- and Q-pass integers is sum_ij 128^(P-1-i + Q-1-j) (x_i @ w_j), every x_i @ w_j an exact int32
-// GEMM. The quantiser below writes the digits x_i straight from float32 rows, the combiner sums the
-// P * Q int32 products in int64 (exact: below 2^53) and applies the kernels' epilogue.
-
 }  // namespace
 
 extern "C" {
@@ -458,6 +451,12 @@ void prism_quantize_rows_u8(const float* x, int m, int k, int bound, uint8_t* q,
 
 }  // extern "C"
 
+// ---- base-128 digits for an int8 x int8 -> int32 GEMM (torch._int_mm: oneDNN, AMX tiles where the
+// CPU has them) ----
+// Integers of P passes are X = sum_i 128^(P-1-i) x_i (quant.py's int8_passes): the product X @ W of
+// P- and Q-pass integers is sum_ij 128^(P-1-i + Q-1-j) (x_i @ w_j), every x_i @ w_j an exact int32
+// GEMM. The quantiser below writes the digits x_i straight from float32 rows, the combiner sums the
+// P * Q int32 products in int64 (exact: below 2^53) and applies the kernels' epilogue.
 extern "C" {
 
 // Per-row symmetric quantisation (prism_quantize_rows' integers and scales) split into `passes` base-128
