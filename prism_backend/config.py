@@ -201,12 +201,10 @@ class EngineConfig:
         return plan
 
     def _check_plan(self) -> None:
-        """keep_exact parses, and names no projection of a layer twice with different passes."""
-        items = self._plan_items()
-        for i, (name, layer, passes) in enumerate(items):
-            for other, other_layer, other_passes in items[:i]:
-                if name == other and None in (layer, other_layer) or (name, layer) == (other, other_layer):
-                    self.exact_passes(name, layer if layer is not None else other_layer)  # raises on a clash
+        """keep_exact parses, and names no projection of a layer twice with different passes (exact_passes
+        raises on a clash; layer -1, which no item names, compares the all-layer items alone)."""
+        for name, layer, _ in self._plan_items():
+            self.exact_passes(name, -1 if layer is None else layer)
 
     def exact_passes(self, name: str, layer: int) -> tuple[int, int] | None:
         """The (act, weight) passes of projection `name` of `layer` under int8 where the plan keeps it
@@ -214,7 +212,8 @@ class EngineConfig:
         found = {passes or (self.act_passes, self.weight_passes)
                  for n, at, passes in self._plan_items() if n == name and at in (None, layer)}
         if len(found) > 1:
-            raise ConfigError(f"keep_exact names {name} of layer {layer} with different passes: "
+            raise ConfigError(f"keep_exact names {name} of {'every layer' if layer < 0 else f'layer {layer}'} with "
+                              "different passes: "
                               + ", ".join(f"{a}+{w}" for a, w in sorted(found)))
         return found.pop() if found else None
 

@@ -253,6 +253,7 @@ def test_a_plan_item_names_passes_once(tmp_path):
     assert EngineConfig.from_parameters({"model_dir": str(tmp_path), "keep_exact": "down:3+2"}).exact_passes(
         "down", 0) == (3, 2)
     for bad, message in (("down, down@3:1+2", "down of layer 3 with different passes: 1\\+2, 2\\+2"),
+                         ("down:1+2, down", "down of every layer with different passes"),
                          ("down:1+1", "1\\+1 passes, the projection's 8-bit form"),
                          ("down:4+2", "'down:4\\+2': act_passes must be 1, 2 or 3"),
                          ("down:2+3", "weight_passes must be 1 or 2"), ("down:1-2", "not a projection")):

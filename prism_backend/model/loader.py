@@ -32,8 +32,8 @@ class LayerWeights:
     # ("qkv", "o", "gate_up", "down"): (integers (out, in), scales (out,)); a projection without an
     # entry is rounded to nearest at load, in the settings' passes
     integers: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-    # (act, weight) passes of the projections rounded at load where the precision plan names its own
-    # (EngineConfig.keep_exact "down:1+2"), by name; the others take the settings' passes
+    # (act, weight) passes of the projections the precision plan keeps exact, by name
+    # (EngineConfig.exact_passes: an item's own, as "down:1+2", else the settings')
     passes: dict[str, tuple[int, int]] | None = None
 
 
