@@ -56,8 +56,9 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
                                         tuple(weights.embed.shape))
         rotate(mine, weights, down_block(spec.intermediate_size), vocab)
         for i, (lw, layer) in enumerate(zip(weights.layers, shard_integers(integers, spec, shard))):
-            lw.integers = {name: ints for name, ints in layer.items() if not config.keeps_exact(name, i)}
-            lw.passes = {name: config.exact_passes(name, i) for name in layer if config.keeps_exact(name, i)}
+            passes = {name: config.exact_passes(name, i) for name in layer}  # None: served in 8 bits
+            lw.integers = {name: ints for name, ints in layer.items() if passes[name] is None}
+            lw.passes = {name: kept for name, kept in passes.items() if kept is not None}
     if config.precision != "int8":
         for lw in weights.layers:  # exact and fp32 compute from the (dequantised) float weights
             lw.integers = None
