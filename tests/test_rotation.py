@@ -85,12 +85,15 @@ def test_online_hadamard_is_batch_and_thread_invariant():
                                          ((7, 48), 16), ((3, 192), 64), ((4, 1024), 512), ((3, 768), 256),
                                          ((2, 2048), 1024)])
 def test_the_kernel_butterfly_equals_the_torch_one(shape, block):
-    """online_down's CPU kernel (kernels/cpu/csrc/rowwise.cpp) and hadamard.transform: the same bits."""
+    """online_down's CPU kernel (kernels/cpu/csrc/rowwise.cpp) and hadamard.transform: the same bits, in
+    8 pairs per instruction and, where the CPU has AVX-512, in 16 (the last four stages in a register)."""
     from kernels.cpu import rowwise
+    from kernels.cpu.features import has_avx512
 
     x = torch.randn(shape) * 7
     with torch_threads(2):
-        assert torch.equal(rowwise.hadamard_rows(x, block), hadamard.transform(x, block))
+        for wide in (False, True) if has_avx512() else (False,):
+            assert torch.equal(rowwise.hadamard_rows(x, block, wide=wide), hadamard.transform(x, block)), wide
     with torch_threads(1):
         assert torch.equal(online_down(x, block), hadamard.transform(x, block))
 

@@ -178,6 +178,14 @@ def test_the_hadamard_in_the_quantisers_pass_gives_the_two_passes_integers(k, bl
     assert_every_thread_count_and_width_gives(expected, x, k, bound, dtype, Hadamard(block))
 
 
+def test_the_digits_quantiser_refuses_a_digit_count_it_has_no_room_for():
+    """quantize.h keeps each digit's weight in a register array of MAX_DIGITS: more is a clear error."""
+    x = integer_valued((3, 16), 1, 1 / 64)
+    for passes in (0, exact_gemm.MAX_DIGITS + 1):
+        with pytest.raises(ValueError, match="base-128 digits"):
+            exact_gemm.quantize_digits(x, 16, 127, passes, torch.zeros(max(passes, 1), 3, 16, dtype=torch.int8))
+
+
 def test_a_prologue_of_the_wrong_shape_is_refused():
     x = torch.ones(3, 10)
     with pytest.raises(ValueError, match="RMSNorm"):

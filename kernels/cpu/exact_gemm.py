@@ -129,7 +129,7 @@ def load():
         lib.prism_swiglu.restype = None
         lib.prism_swiglu.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.prism_hadamard_rows.restype = None
-        lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.prism_hadamard_rows.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 5
         for kind in ("i16", "u8"):  # the row passes with the next projection's quantiser in the same pass
             rms = getattr(lib, f"prism_rms_norm_quantize_{kind}")
             rms.restype = None
@@ -202,6 +202,9 @@ def _quantize_rows(x: torch.Tensor, k: int, x_bound: int, width: int, dtype: tor
     return q[:m], scale
 
 
+MAX_DIGITS = 3  # quantize.h kMaxDigits: 21-bit integers, beyond every bound the kernels take
+
+
 def quantize_digits(x: torch.Tensor, k: int, x_bound: int, passes: int, q: torch.Tensor, wide: bool | None = None,
                     prologue: Prologue = None) -> torch.Tensor:
     """The library's row quantiser on x (M, K), its integers split into `passes` base-128 digits
@@ -210,6 +213,8 @@ def quantize_digits(x: torch.Tensor, k: int, x_bound: int, passes: int, q: torch
     float32. wide and prologue: as _quantize_rows (the same integers whichever width or pass)."""
     wide = wide_lanes(wide, "the digits' quantiser")
     m = x.shape[0]
+    if not 1 <= passes <= MAX_DIGITS:
+        raise ValueError(f"the digits' quantiser writes 1 to {MAX_DIGITS} base-128 digits, got {passes}")
     if q.dtype != torch.int8 or q.dim() != 3 or q.shape[0] != passes or q.shape[1] < m or q.shape[2] < k \
             or not q.is_contiguous():
         raise ValueError(f"the digits go into a contiguous ({passes}, >= {m}, >= {k}) int8 buffer, got "

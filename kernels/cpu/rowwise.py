@@ -45,15 +45,18 @@ def swiglu(gate_up: torch.Tensor, hadamard_block: int = 0, wide: bool | None = N
     return out
 
 
-def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
+def hadamard_rows(x: torch.Tensor, block: int, wide: bool | None = None) -> torch.Tensor:
     """x (M, K) float32 -> x H, H block-diagonal Sylvester Hadamard of blocks of `block` (a power of
     two dividing K), unnormalised; bit-identical to prism_backend.model.hadamard.transform (the same
-    butterfly, stage by stage), ~10x faster than torch's stage-by-stage version. A new tensor."""
+    butterfly, stage by stage), ~10x faster than torch's stage-by-stage version. A new tensor.
+    wide: 16 pairs per instruction (AVX-512; the default where the CPU has it) or 8 -- the same bits."""
+    wide = wide_lanes(wide, "the Hadamard")
     if block & (block - 1) or x.shape[-1] % block or x.dtype != torch.float32:
         raise ValueError(f"hadamard_rows needs float32 rows and a power-of-two block dividing them, got "
                          f"{x.dtype} ({tuple(x.shape)}), block {block}")
     out = x.contiguous().clone()
-    _library().prism_hadamard_rows(out.data_ptr(), out.shape[0], out.shape[1], block, torch.get_num_threads())
+    _library().prism_hadamard_rows(out.data_ptr(), out.shape[0], out.shape[1], block, int(wide),
+                                   torch.get_num_threads())
     return out
 
 

@@ -70,7 +70,51 @@ inline void hadamard_two_stages(float* row, int b0, int block, int h) {
     }
 }
 
-inline void hadamard_row(float* row, int k, int block) {
+// The same stages 16 pairs per instruction (AVX-512 CPUs; the caller checks), for blocks of 16 or more:
+// strides of 16 and more as above, the last four (8, 4, 2, 1) inside each register of 16 consecutive
+// elements (each lane a + b, or the partner's a - b in its butterfly's order, as hadamard_last3).
+PRISM_AVX512 inline __m512 hadamard_last4(__m512 v) {
+  __m512 s = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));  // stride 8: the 256-bit halves swapped
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xFF00, s, v);       // lanes 0-7: a + b, 8-15: a - b
+  s = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1));         // stride 4
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xF0F0, s, v);
+  s = _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));               // stride 2
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xCCCC, s, v);
+  s = _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));               // stride 1
+  return _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xAAAA, s, v);
+}
+
+PRISM_AVX512 inline void hadamard_block16(float* row, int b0, int block) {
+  int h = block / 2;
+  for (; h >= 32; h /= 4) {  // two stages, strides h and h / 2 (hadamard_two_stages)
+    const int q = h / 2;
+    for (int i = b0; i < b0 + block; i += 2 * h)
+      for (int j = i; j < i + q; j += 16) {
+        const __m512 a0 = _mm512_loadu_ps(row + j), a1 = _mm512_loadu_ps(row + j + q);
+        const __m512 a2 = _mm512_loadu_ps(row + j + h), a3 = _mm512_loadu_ps(row + j + h + q);
+        const __m512 c0 = _mm512_add_ps(a0, a2), c2 = _mm512_sub_ps(a0, a2);
+        const __m512 c1 = _mm512_add_ps(a1, a3), c3 = _mm512_sub_ps(a1, a3);
+        _mm512_storeu_ps(row + j, _mm512_add_ps(c0, c1));
+        _mm512_storeu_ps(row + j + q, _mm512_sub_ps(c0, c1));
+        _mm512_storeu_ps(row + j + h, _mm512_add_ps(c2, c3));
+        _mm512_storeu_ps(row + j + h + q, _mm512_sub_ps(c2, c3));
+      }
+  }
+  if (h == 16)
+    for (int i = b0; i < b0 + block; i += 32) {
+      const __m512 a = _mm512_loadu_ps(row + i), c = _mm512_loadu_ps(row + i + 16);
+      _mm512_storeu_ps(row + i, _mm512_add_ps(a, c));
+      _mm512_storeu_ps(row + i + 16, _mm512_sub_ps(a, c));
+    }
+  for (int i = b0; i < b0 + block; i += 16) _mm512_storeu_ps(row + i, hadamard_last4(_mm512_loadu_ps(row + i)));
+}
+
+// wide: 16 pairs per instruction where the block has 16 or more (AVX-512; the caller checks).
+inline void hadamard_row(float* row, int k, int block, int wide) {
+  if (wide && block >= 16) {
+    for (int b0 = 0; b0 < k; b0 += block) hadamard_block16(row, b0, block);
+    return;
+  }
   for (int b0 = 0; b0 < k; b0 += block) {
     int h = block / 2;
     for (; h >= 16; h /= 4) hadamard_two_stages(row, b0, block, h);
@@ -136,7 +180,7 @@ inline void swiglu_row(const float* gate, int i, int block, float* dst, int wide
     silu_up(g8, u8, o8, 0, 8);
     for (int t = 0; j + t < i; ++t) dst[j + t] = o8[t];
   }
-  if (block > 0) hadamard_row(dst, i, block);
+  if (block > 0) hadamard_row(dst, i, block, wide);
 }
 
 // Rows 0..m of a row pass, each quantised for the next projection straight from a buffer of its thread's:
@@ -177,9 +221,9 @@ void digits_after(int m, int k, int bound, int passes, int8_t* q, int ldq, int m
 
 extern "C" {
 
-void prism_hadamard_rows(float* x, int m, int k, int block, int threads) {
+void prism_hadamard_rows(float* x, int m, int k, int block, int wide, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int r = 0; r < m; ++r) hadamard_row(x + (int64_t)r * k, k, block);
+  for (int r = 0; r < m; ++r) hadamard_row(x + (int64_t)r * k, k, block, wide);
 }
 
 // x, out: (m, h) float32; w: (h,). See the top of the file.
@@ -272,21 +316,21 @@ void prism_hadamard_quantize_i16(const float* x, int m, int k, int block, int bo
                                  int wide, int threads) {
   quantize_after(m, k, bound, q, ldq, scale, wide, threads, [&](int r, float* row) {
     memcpy(row, x + (int64_t)r * k, sizeof(float) * k);
-    hadamard_row(row, k, block);
+    hadamard_row(row, k, block, wide);
   });
 }
 void prism_hadamard_quantize_u8(const float* x, int m, int k, int block, int bound, uint8_t* q, int ldq, float* scale,
                                 int wide, int threads) {
   quantize_after(m, k, bound, q, ldq, scale, wide, threads, [&](int r, float* row) {
     memcpy(row, x + (int64_t)r * k, sizeof(float) * k);
-    hadamard_row(row, k, block);
+    hadamard_row(row, k, block, wide);
   });
 }
 void prism_hadamard_quantize_digits(const float* x, int m, int k, int block, int bound, int passes, int8_t* q, int ldq,
                                     int mp, float* scale, int wide, int threads) {
   digits_after(m, k, bound, passes, q, ldq, mp, scale, wide, threads, [&](int r, float* row) {
     memcpy(row, x + (int64_t)r * k, sizeof(float) * k);
-    hadamard_row(row, k, block);
+    hadamard_row(row, k, block, wide);
   });
 }
 
