@@ -187,7 +187,7 @@ void rows(const Operand& a, const int16_t* panel, int row, int col, int ncols, i
   }
 }
 
-// The work split of the kernels below, called inside their parallel region: rows in blocks of
+// The shared-panel split, called inside a parallel region: rows in blocks of
 // row_block (sized to stay in L2 while every panel of W passes over them), and each block's panels
 // shared out among the threads (static, no barrier: a thread goes on to its panels of the next
 // block at once). compute(p, r0, r1) computes panel p for rows r0..r1-1. Which thread computes a
@@ -201,7 +201,7 @@ inline void by_row_block(int m, int row_block, int panels, Compute compute) {
   }
 }
 
-// The AMX kernels' split: each thread a contiguous run of whole `tile`-row tiles (thread t of T the
+// The kernels' split: each thread a contiguous run of whole `tile`-row tiles (thread t of T the
 // tiles [t n / T, (t + 1) n / T)), every panel for them, in blocks of row_block rows as above. Its
 // output rows are then written by one core, and the row pass after the product (the next projection's
 // quantiser, whose static schedule gives each thread about the same contiguous rows) reads them from
@@ -209,8 +209,9 @@ inline void by_row_block(int m, int row_block, int panels, Compute compute) {
 // of its own rows, which is the weight traffic of the shared-panel split. With fewer than 4 tiles a
 // thread (the last layer's answer rows) the panels are shared out instead (by_row_block). Measured on
 // the Intel Xeon with AMX (2 threads, one process alternating the two splits forward by forward, 30
-// pairs, twice): the int8 forward 1.03-1.04x faster on (a) and (b). Which thread computes a tile never
-// changes its integers.
+// pairs a workload): the int8 forward 1.03-1.04x faster on (a) and (b) (twice); with every projection
+// forced onto vnni8 (the 8-bit rung) 1.04-1.05x, onto vnni16 1.01x. Not measured on an AMD EPYC or an
+// AVX2-only CPU. Which thread computes a tile never changes its integers.
 template <class Compute>
 inline void by_thread_rows(int m, int tile, int row_block, int panels, Compute compute) {
   const int threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -226,7 +227,7 @@ inline void by_thread_rows(int m, int tile, int row_block, int panels, Compute c
 
 // The int16 products' driver (AVX2 and AVX-512 VNNI alike): every row's bound per block of k-pairs,
 // every tile's runs (tiles of TILE_ROWS rows), then compute(operand, group, r0, r1) for each of
-// `groups` panel groups and each block of rows, threads over the groups.
+// `groups` panel groups and each block of rows, each thread its own rows (by_thread_rows).
 template <int TILE_ROWS, class Compute>
 inline void int16_products(const int16_t* x, int m, int kpairs, const int32_t* wmax, int block, int groups,
                            int threads, Compute compute) {
@@ -257,7 +258,7 @@ inline void int16_products(const int16_t* x, int m, int kpairs, const int32_t* w
       run_count[t] = plan_runs<TILE_ROWS>(bounds.data(), blocks, block, kpairs, t * TILE_ROWS, rows,
                                           &run_ends[(size_t)t * blocks]);
     }  // the implicit barrier again: every tile's runs are planned before any tile is computed
-    by_row_block(m, row_block, groups, [&](int g, int r0, int r1) { compute(a, g, r0, r1); });
+    by_thread_rows(m, TILE_ROWS, row_block, groups, [&](int g, int r0, int r1) { compute(a, g, r0, r1); });
   }
 }
 
@@ -400,9 +401,9 @@ void quantize_rows(const float* x, int m, int k, int bound, T* q, int ldq, float
 extern "C" {
 
 // x: (m, 2*kpairs) int16; packed: (ceil(n/16), kpairs, 16, 2) int16; wmax: (2*kpairs,) int32, the
-// largest |W[k][c]| over c; block: k-pairs an int32 lane can sum at the integers' bounds. The
-// panels are split between `threads` OpenMP threads (static schedule per block of rows). See the
-// top of the file for the epilogue arguments.
+// largest |W[k][c]| over c; block: k-pairs an int32 lane can sum at the integers' bounds. Each of
+// `threads` OpenMP threads takes its own rows (by_thread_rows). See the top of the file for the
+// epilogue arguments.
 void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax, int n,
                       int block, const float* x_scale, const float* w_scale, const float* bias, const float* residual,
                       void* out, int threads) {
@@ -437,8 +438,8 @@ PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int
 }
 
 // x: (m, 4*kquads) uint8, the activations + 128 (prism_quantize_rows_u8); packed: (ceil(n/32), kquads, 32, 4)
-// int8; corr: (ceil(n/32) * 32,) int32, 128 * sum_k W[k][c]. Rows in L2-sized blocks, OpenMP threads over
-// the panels as in prism_int16_gemm; the same epilogue arguments. Call only where the CPU has AVX-512 VNNI.
+// int8; corr: (ceil(n/32) * 32,) int32, 128 * sum_k W[k][c]. Rows in L2-sized blocks, each thread its own
+// rows as in prism_int16_gemm; the same epilogue arguments. Call only where the CPU has AVX-512 VNNI.
 PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
                                  const float* x_scale, const float* w_scale, const float* bias, const float* residual,
                                  void* out, int threads, int swiglu) {
@@ -448,7 +449,7 @@ PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8
   const long ldx = 4L * kquads;
   const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;
 #pragma omp parallel num_threads(threads)
-  by_row_block(m, row_block, panels, [&](int p, int r0, int r1) PRISM_VNNI {
+  by_thread_rows(m, MR8, row_block, panels, [&](int p, int r0, int r1) PRISM_VNNI {
     const int8_t* panel = packed + (long)p * kquads * 4 * NR8;
     const int col = p * NR8, ncols = n - col < NR8 ? n - col : NR8;
     int r = r0;
