@@ -30,10 +30,39 @@ using namespace avx2;
 // dividing k): x -> x H_block per block, unnormalised. Butterfly stages from the widest stride
 // (block / 2) to 1, each pair (a, b) -> (a + b, a - b): the operations, in the order, of
 // prism_backend/model/hadamard.transform, so the bits equal torch's whatever the vector width.
-// Strides of 8 and more run on 8 pairs per instruction, two stages per pass over the block where
-// both strides are 8 or more (hadamard_two_stages); the last three stages (strides 4, 2, 1)
-// inside each register of 8 consecutive elements (hadamard_last3), with the same sums and
-// differences: a + b = b + a exactly, and each difference is taken in the butterfly's order.
+// Strides of W and more run on W pairs per instruction (8, or 16 where the CPU has AVX-512), two
+// stages per pass over the block where both strides are W or more (each group of four elements
+// j, j + h/2, j + h, j + 3h/2 loaded once, both stages' butterflies in registers: half the loads and
+// stores of two passes); the stages of strides below W inside each register of W consecutive
+// elements (hadamard_last3, hadamard_last4), with the same sums and differences: a + b = b + a
+// exactly, and each difference is taken in the butterfly's order.
+#define PRISM_HADAMARD_WIDE_STAGES_BODY                                                   \
+  int h = block / 2;                                                                      \
+  for (; h >= 2 * W; h /= 4) {                                                            \
+    const int q = h / 2;                                                                  \
+    for (int i = b0; i < b0 + block; i += 2 * h)                                          \
+      for (int j = i; j < i + q; j += W) {                                                \
+        const Vec a0 = load(row + j), a1 = load(row + j + q);                             \
+        const Vec a2 = load(row + j + h), a3 = load(row + j + h + q);                     \
+        const Vec c0 = add(a0, a2), c2 = sub(a0, a2); /* stride h */                      \
+        const Vec c1 = add(a1, a3), c3 = sub(a1, a3);                                     \
+        store(row + j, add(c0, c1)); /* stride h / 2 */                                   \
+        store(row + j + q, sub(c0, c1));                                                  \
+        store(row + j + h, add(c2, c3));                                                  \
+        store(row + j + h + q, sub(c2, c3));                                              \
+      }                                                                                   \
+  }                                                                                       \
+  for (; h >= W; h /= 2)                                                                  \
+    for (int i = b0; i < b0 + block; i += 2 * h)                                          \
+      for (int j = i; j < i + h; j += W) {                                                \
+        const Vec a = load(row + j), c = load(row + j + h);                               \
+        store(row + j, add(a, c));                                                        \
+        store(row + j + h, sub(a, c));                                                    \
+      }                                                                                   \
+  return h;
+
+// The stages of strides W and more of the block at b0 (block >= W); returns the stride left, W / 2.
+inline int hadamard_wide_stages(float* row, int b0, int block) { PRISM_HADAMARD_WIDE_STAGES_BODY }
 inline __m256 hadamard_last3(__m256 v) {
   __m256 s = _mm256_permute2f128_ps(v, v, 1);                         // stride 4: s = v's halves swapped
   v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xF0);  // lanes 0-3: a + b, 4-7: a - b
@@ -42,6 +71,26 @@ inline __m256 hadamard_last3(__m256 v) {
   s = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));                    // stride 1
   return _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
 }
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512dq,avx512vl,avx512bw")
+namespace avx512 {
+inline int hadamard_wide_stages(float* row, int b0, int block) { PRISM_HADAMARD_WIDE_STAGES_BODY }
+inline __m512 hadamard_last4(__m512 v) {
+  __m512 s = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));  // stride 8: the 256-bit halves swapped
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xFF00, s, v);       // lanes 0-7: a + b, 8-15: a - b
+  s = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1));         // stride 4
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xF0F0, s, v);
+  s = _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));               // stride 2
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xCCCC, s, v);
+  s = _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));               // stride 1
+  return _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xAAAA, s, v);
+}
+inline void hadamard_block(float* row, int b0, int block) {  // block >= 16
+  hadamard_wide_stages(row, b0, block);
+  for (int i = b0; i < b0 + block; i += W) store(row + i, hadamard_last4(load(row + i)));
+}
+}  // namespace avx512
+#pragma GCC pop_options
 
 inline void butterfly(float* row, int b0, int block, int h) {
   for (int i = b0; i < b0 + block; i += 2 * h)
@@ -52,84 +101,17 @@ inline void butterfly(float* row, int b0, int block, int h) {
     }
 }
 
-// Two stages, strides h and h / 2 (h / 2 >= 8), in one pass over the block: each group of four
-// elements (j, j + h/2, j + h, j + 3h/2) is loaded once and gets both stages' butterflies in
-// registers -- the same sums and differences as two passes, with half the loads and stores.
-inline void hadamard_two_stages(float* row, int b0, int block, int h) {
-  const int q = h / 2;
-  for (int i = b0; i < b0 + block; i += 2 * h)
-    for (int j = i; j < i + q; j += 8) {
-      const __m256 a0 = _mm256_loadu_ps(row + j), a1 = _mm256_loadu_ps(row + j + q);
-      const __m256 a2 = _mm256_loadu_ps(row + j + h), a3 = _mm256_loadu_ps(row + j + h + q);
-      const __m256 b0 = _mm256_add_ps(a0, a2), b2 = _mm256_sub_ps(a0, a2);  // stride h
-      const __m256 b1 = _mm256_add_ps(a1, a3), b3 = _mm256_sub_ps(a1, a3);
-      _mm256_storeu_ps(row + j, _mm256_add_ps(b0, b1));  // stride h / 2
-      _mm256_storeu_ps(row + j + q, _mm256_sub_ps(b0, b1));
-      _mm256_storeu_ps(row + j + h, _mm256_add_ps(b2, b3));
-      _mm256_storeu_ps(row + j + h + q, _mm256_sub_ps(b2, b3));
-    }
-}
-
-// The same stages 16 pairs per instruction (AVX-512 CPUs; the caller checks), for blocks of 16 or more:
-// strides of 16 and more as above, the last four (8, 4, 2, 1) inside each register of 16 consecutive
-// elements (each lane a + b, or the partner's a - b in its butterfly's order, as hadamard_last3).
-PRISM_AVX512 inline __m512 hadamard_last4(__m512 v) {
-  __m512 s = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));  // stride 8: the 256-bit halves swapped
-  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xFF00, s, v);       // lanes 0-7: a + b, 8-15: a - b
-  s = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1));         // stride 4
-  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xF0F0, s, v);
-  s = _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));               // stride 2
-  v = _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xCCCC, s, v);
-  s = _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));               // stride 1
-  return _mm512_mask_sub_ps(_mm512_add_ps(v, s), 0xAAAA, s, v);
-}
-
-PRISM_AVX512 inline void hadamard_block16(float* row, int b0, int block) {
-  int h = block / 2;
-  for (; h >= 32; h /= 4) {  // two stages, strides h and h / 2 (hadamard_two_stages)
-    const int q = h / 2;
-    for (int i = b0; i < b0 + block; i += 2 * h)
-      for (int j = i; j < i + q; j += 16) {
-        const __m512 a0 = _mm512_loadu_ps(row + j), a1 = _mm512_loadu_ps(row + j + q);
-        const __m512 a2 = _mm512_loadu_ps(row + j + h), a3 = _mm512_loadu_ps(row + j + h + q);
-        const __m512 c0 = _mm512_add_ps(a0, a2), c2 = _mm512_sub_ps(a0, a2);
-        const __m512 c1 = _mm512_add_ps(a1, a3), c3 = _mm512_sub_ps(a1, a3);
-        _mm512_storeu_ps(row + j, _mm512_add_ps(c0, c1));
-        _mm512_storeu_ps(row + j + q, _mm512_sub_ps(c0, c1));
-        _mm512_storeu_ps(row + j + h, _mm512_add_ps(c2, c3));
-        _mm512_storeu_ps(row + j + h + q, _mm512_sub_ps(c2, c3));
-      }
-  }
-  if (h == 16)
-    for (int i = b0; i < b0 + block; i += 32) {
-      const __m512 a = _mm512_loadu_ps(row + i), c = _mm512_loadu_ps(row + i + 16);
-      _mm512_storeu_ps(row + i, _mm512_add_ps(a, c));
-      _mm512_storeu_ps(row + i + 16, _mm512_sub_ps(a, c));
-    }
-  for (int i = b0; i < b0 + block; i += 16) _mm512_storeu_ps(row + i, hadamard_last4(_mm512_loadu_ps(row + i)));
-}
-
 // wide: 16 pairs per instruction where the block has 16 or more (AVX-512; the caller checks).
 inline void hadamard_row(float* row, int k, int block, int wide) {
-  if (wide && block >= 16) {
-    for (int b0 = 0; b0 < k; b0 += block) hadamard_block16(row, b0, block);
-    return;
-  }
-  for (int b0 = 0; b0 < k; b0 += block) {
-    int h = block / 2;
-    for (; h >= 16; h /= 4) hadamard_two_stages(row, b0, block, h);
-    for (; h >= 8; h /= 2)
-      for (int i = b0; i < b0 + block; i += 2 * h)
-        for (int j = i; j < i + h; j += 8) {
-          const __m256 a = _mm256_loadu_ps(row + j), c = _mm256_loadu_ps(row + j + h);
-          _mm256_storeu_ps(row + j, _mm256_add_ps(a, c));
-          _mm256_storeu_ps(row + j + h, _mm256_sub_ps(a, c));
-        }
-    if (h == 4)  // a block of 8 or more: its last three stages in registers
+  for (int b0 = 0; b0 < k; b0 += block)
+    if (wide && block >= 16) {
+      avx512::hadamard_block(row, b0, block);
+    } else if (block >= 8) {
+      hadamard_wide_stages(row, b0, block);
       for (int i = b0; i < b0 + block; i += 8) _mm256_storeu_ps(row + i, hadamard_last3(_mm256_loadu_ps(row + i)));
-    else
-      for (; h >= 1; h /= 2) butterfly(row, b0, block, h);  // blocks of 2 or 4
-  }
+    } else {
+      for (int h = block / 2; h >= 1; h /= 2) butterfly(row, b0, block, h);  // blocks of 2 or 4
+    }
 }
 
 // silu(gate) * up = (gate / (1 + exp(-gate))) * up for elements j.. in whole Vecs of one width (every
