@@ -198,6 +198,26 @@ def http_ready(port: int, path: str = "/v2/health/ready", timeout: float = 1.0) 
         return False
 
 
+# glog's prefix of an error line, E<month><day> <time>: Triton's own ("failed to load 'prism_decision'
+# version 1: ..."), the Python backend's and the models' (pb_utils.Logger.log_error)
+LOG_ERROR_LINE = re.compile(r"^E\d{4} ")
+
+
+def log_summary(text: str, tail_lines: int = 40, max_errors: int = 30) -> str:
+    """What a server log says about a failed start: its error lines first (why a model did not
+    load: Triton prints them, and the model table with each model's state, long before the option
+    table that ends the log of a server that exits), then its last lines."""
+    lines = text.splitlines()
+    errors = list(dict.fromkeys(line[:2000] for line in lines
+                                if LOG_ERROR_LINE.match(line) or re.match(r"^\|.*\| (UNAVAILABLE|UNLOADING)", line)))
+    parts = []
+    if errors:
+        more = f" (the first {max_errors} of {len(errors)})" if len(errors) > max_errors else ""
+        parts.append(f"errors in the log{more}:\n" + "\n".join(errors[:max_errors]))
+    parts.append(f"last log lines:\n" + "\n".join(lines[-tail_lines:]))
+    return "\n".join(parts)
+
+
 def wait_until_serving(process: subprocess.Popen, port: int, path: str, timeout: float, poll: float,
                        describe_exit) -> bool:
     """Poll http://127.0.0.1:{port}{path} until it answers 200 (True) or `timeout` passes (False).
@@ -313,15 +333,14 @@ class TritonServer:
         if self.ready:
             return True
         if self.process.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with code {self.process.returncode}; "
-                               f"last log lines:\n{self.log_tail()}")
+            raise RuntimeError(f"tritonserver exited with code {self.process.returncode}; {self.log_excerpt()}")
         if http_ready(self.options.http_port, "/v2/health/ready"):
             self.stubs = python_stubs(self.process.pid)
             self.ready = True
             return True
         if time.monotonic() - self.launched_at > ready_timeout:
             self.stop()
-            raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; log:\n{self.log_tail()}")
+            raise TimeoutError(f"tritonserver not ready after {ready_timeout:.0f} s; {self.log_excerpt()}")
         return False
 
     def running(self) -> bool:
@@ -346,9 +365,10 @@ class TritonServer:
         except subprocess.TimeoutExpired:
             return f"Python-backend stub(s) {dead} died"
 
-    def log_tail(self, lines: int = 40) -> str:
+    def log_excerpt(self) -> str:
+        """The log's errors and last lines (log_summary)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return log_summary(self.log_path.read_text(errors="replace"))
         except OSError:
             return "(no log)"
 

@@ -7,8 +7,11 @@ import pytest
 
 from prism_backend.config import ConfigError, EngineConfig
 from prism_launcher.server import (
-    MODEL_REPOSITORY, ServerOptions, render_model_repository, set_instance_count, set_parameter,
+    MODEL_REPOSITORY, ServerOptions, TritonServer, log_summary, render_model_repository, set_instance_count,
+    set_parameter,
 )
+
+from helpers import free_port
 
 
 def test_config_from_triton_parameters(tmp_path):
@@ -104,3 +107,37 @@ def test_serve_rejects_unsupported_flags(args, message, model_dir):
     done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "serve", *args],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_log_summary_puts_the_errors_before_the_tail():
+    log = ["I1205 22:20:30 1 model_lifecycle.cc:472] \"loading: prism_decision:1\"",
+           "E1205 22:20:34 1 model_lifecycle.cc:641] \"failed to load 'prism_decision' version 1: Internal: boom\"",
+           "| prism_decision    | 1       | UNAVAILABLE: Internal: boom |",
+           *[f"| option {i} | value |" for i in range(60)]]
+    summary = log_summary("\n".join(log), tail_lines=5)
+    errors, tail = summary.split("last log lines:")
+    assert "failed to load 'prism_decision' version 1: Internal: boom" in errors and "UNAVAILABLE" in errors
+    assert "loading:" not in summary and tail.strip().splitlines() == log[-5:]
+    assert log_summary("I1205 fine\nI1205 done", 5).startswith("last log lines:")  # no errors: the tail alone
+
+
+@pytest.mark.server
+def test_a_server_whose_model_cannot_load_says_which_and_why(tmp_path, model_dir):
+    """A real tritonserver on a checkpoint with truncated weights exits while loading; the error
+    names the model and the loader's reason, not just the option table that ends Triton's log."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for source in model_dir.iterdir():
+        if source.is_file() and source.name != "model.safetensors":
+            (broken / source.name).write_bytes(source.read_bytes())
+    (broken / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes()[:4096])
+    options = ServerOptions(precision="fp32", model_dir=broken, http_port=free_port(), grpc_port=free_port(),
+                            metrics_port=free_port())
+    server = TritonServer(options, workdir=tmp_path / "server")
+    try:
+        with pytest.raises(RuntimeError) as info:
+            server.start(ready_timeout=240)
+    finally:
+        server.stop()
+    errors = str(info.value).split("last log lines:")[0]
+    assert "tritonserver exited with code" in errors and "failed to load 'prism_decision'" in errors, info.value

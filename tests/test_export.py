@@ -19,7 +19,7 @@ import pytest
 from kernels.cpu.features import AVX2_ENVIRONMENT
 from prism_client.client import PrismClient, PrismError
 from prism_launcher.export import ENV_ARCHIVE, LIBRARY_FOLDER, MANIFEST, PARAMETER, export_repository
-from prism_launcher.server import REPO_ROOT, triton_install, wait_until_serving
+from prism_launcher.server import REPO_ROOT, log_summary, triton_install, wait_until_serving
 
 from helpers import SAMPLE_TICKET, free_port
 
@@ -70,8 +70,8 @@ class BareTriton:
 
     def wait_ready(self, timeout: float = 420.0) -> None:
         ready = wait_until_serving(self.process, self.http_port, "/v2/health/ready", timeout, 1.0,
-                                   lambda code: f"tritonserver exited with {code}:\n{self.log.read_text()[-4000:]}")
-        assert ready, f"not ready after {timeout} s:\n{self.log.read_text()[-4000:]}"
+                                   lambda code: f"tritonserver exited with {code}; {log_summary(self.log.read_text())}")
+        assert ready, f"not ready after {timeout} s; {log_summary(self.log.read_text())}"
 
     def stop(self) -> None:
         """SIGINT: Triton unloads the models and deletes the environment it extracted to /tmp
