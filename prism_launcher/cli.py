@@ -60,7 +60,11 @@ def cmd_serve(args) -> int:
                            max_request_bytes=args.max_request_bytes, admin_token=token)
     cluster = PrismCluster(args.replicas, options, router)
     print(f"prism: starting {args.replicas} replica(s) + nginx front (logs: {cluster.workdir})", file=sys.stderr)
-    cluster.start(args.ready_timeout)
+    try:
+        cluster.start(args.ready_timeout)
+    except (RuntimeError, TimeoutError) as exc:  # a replica exited while loading, or never got ready
+        print(f"prism: the server did not start: {exc}", file=sys.stderr)
+        return 1
     for i, (server, metrics) in enumerate(zip(cluster.servers, cluster.metrics_urls)):
         o = server.options
         print(f"prism: replica {i}: HTTP {LOOPBACK}:{o.http_port}  gRPC {LOOPBACK}:{o.grpc_port}  "

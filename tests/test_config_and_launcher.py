@@ -7,7 +7,7 @@ import pytest
 
 from prism_backend.config import ConfigError, EngineConfig
 from prism_launcher.server import (
-    MODEL_REPOSITORY, ServerOptions, TritonServer, log_summary, render_model_repository, set_instance_count,
+    MODEL_REPOSITORY, ServerOptions, log_summary, render_model_repository, set_instance_count,
     set_parameter,
 )
 
@@ -122,22 +122,22 @@ def test_log_summary_puts_the_errors_before_the_tail():
 
 
 @pytest.mark.server
-def test_a_server_whose_model_cannot_load_says_which_and_why(tmp_path, model_dir):
-    """A real tritonserver on a checkpoint with truncated weights exits while loading; the error
-    names the model and the loader's reason, not just the option table that ends Triton's log."""
+def test_serve_says_which_model_could_not_load_and_why(tmp_path, model_dir):
+    """`prism serve` on a checkpoint with truncated weights: a real tritonserver exits while loading;
+    the command ends with 1 and names the model and the loader's reason (the log's error lines),
+    not only the option table that ends Triton's log, and no traceback."""
     broken = tmp_path / "broken"
     broken.mkdir()
     for source in model_dir.iterdir():
         if source.is_file() and source.name != "model.safetensors":
             (broken / source.name).write_bytes(source.read_bytes())
     (broken / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes()[:4096])
-    options = ServerOptions(precision="fp32", model_dir=broken, http_port=free_port(), grpc_port=free_port(),
-                            metrics_port=free_port())
-    server = TritonServer(options, workdir=tmp_path / "server")
-    try:
-        with pytest.raises(RuntimeError) as info:
-            server.start(ready_timeout=240)
-    finally:
-        server.stop()
-    errors = str(info.value).split("last log lines:")[0]
-    assert "tritonserver exited with code" in errors and "failed to load 'prism_decision'" in errors, info.value
+    ports = [str(free_port()) for _ in range(3)]
+    done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "serve", "--model-dir", str(broken),
+                           "--precision", "fp32", "--http-port", ports[0], "--grpc-port", ports[1],
+                           "--metrics-port", ports[2]], capture_output=True, text=True, timeout=300)
+    errors = done.stderr.split("last log lines:")[0]
+    assert done.returncode == 1, done.stderr
+    assert "prism: the server did not start: tritonserver exited with code" in errors, done.stderr
+    assert "failed to load 'prism_decision'" in errors and "SafetensorError" in errors, done.stderr
+    assert "Traceback (most recent call last)" not in done.stderr.split("errors in the log:")[0]
