@@ -19,6 +19,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,8 @@ STUB_DEATH_GRACE_S = 1.0  # a dead stub whose server exits within this was kille
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
 LOOPBACK = "127.0.0.1"
+# Where the Python backend keeps each stub's shared-memory region (1 MB and up; POSIX shm_open)
+SHARED_MEMORY_DIR = Path("/dev/shm")
 # Environment of the models' processes, whoever starts them: server_environment here, the
 # execution environment's bin/activate in an exported repository (prism_launcher/execution_env.py).
 MODEL_ENVIRONMENT = {
@@ -259,6 +262,10 @@ def _parent_of(pid: int) -> int | None:
     return None if state in ("Z", "X") else int(ppid)
 
 
+def _shm_prefix() -> str:
+    return f"prism_{uuid.uuid4().hex[:16]}_"
+
+
 class TritonServer:
     """A tritonserver process serving a rendered copy of Prism's model repository."""
 
@@ -272,6 +279,7 @@ class TritonServer:
         self.launched_at = 0.0  # time.monotonic() of the last launch()
         self.ready = False  # the last launch answered /v2/health/ready (started())
         self.stubs: list[int] = []  # its Python-backend stubs once ready, watched by failure()
+        self.shm_prefix = _shm_prefix()  # its stubs' shared-memory regions: /dev/shm/<prefix><uuid>
 
     def _backend_dir(self, paths: dict[str, Path]) -> Path:
         python_dir = self.workdir / "backends" / "python"
@@ -298,6 +306,8 @@ class TritonServer:
             f"--http-port={o.http_port}", f"--grpc-port={o.grpc_port}", f"--metrics-port={o.metrics_port}",
             *triton_restriction_flags(o.admin_token),
             "--allow-metrics=true", "--exit-timeout-secs=20",
+            # regions named for this launch: kill() removes what a killed server leaves (_remove_regions)
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         if o.model_control_explicit:
             cmd += ["--model-control-mode=explicit", "--load-model=*"]
@@ -309,6 +319,7 @@ class TritonServer:
     def launch(self) -> "TritonServer":
         """Start the process without waiting (a cluster launches its replicas side by side, and
         relaunches a failed one while it keeps watching the others: see started())."""
+        self.shm_prefix = _shm_prefix()  # a new name each launch: a relaunch never meets the last one's
         cmd = self.command()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
@@ -405,7 +416,16 @@ class TritonServer:
         except ProcessLookupError:
             pass
         self.process.wait()
+        self._remove_regions()
         return self.process.returncode
+
+    def _remove_regions(self) -> None:
+        """A server that exits unloads its models and removes its stubs' shared-memory regions; one
+        killed (or whose stub was) leaves them in /dev/shm, 1 MB or more a stub, until the machine
+        restarts -- a container's 64 MB /dev/shm would refuse new stubs after a few self-healing
+        restarts. The group is dead here (a mapping still open stays valid after the name goes)."""
+        for region in SHARED_MEMORY_DIR.glob(f"{self.shm_prefix}*"):
+            region.unlink(missing_ok=True)
 
     def __enter__(self):
         return self.start()

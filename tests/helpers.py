@@ -181,6 +181,19 @@ class Cluster:
                     pass
         return total
 
+    def shared_memory_regions(self, index: int) -> set[Path]:
+        """The /dev/shm regions replica `index`'s server and stubs have mapped (the Python backend's)."""
+        regions = set()
+        for pid in self.server_pids(index):
+            for p in [pid, *python_stubs(pid)]:
+                try:
+                    maps = Path(f"/proc/{p}/maps").read_text()
+                except OSError:
+                    continue
+                regions |= {Path(line.split(None, 5)[5]) for line in maps.splitlines()
+                            if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")}
+        return regions
+
     def kill_replica(self, index: int) -> None:
         """SIGKILL replica `index`'s tritonserver and its Python stubs (their process groups)."""
         for group in {os.getpgid(pid) for pid in self.server_pids(index)}:

@@ -315,6 +315,8 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
     client.decide(THREADS[0], ["team"])
     victim = cluster.replica_of(routed_entries(cluster, start, 1)[0]["upstream"])  # THREADS[0]'s replica
     assert cluster.server_pids(victim)
+    regions = cluster.shared_memory_regions(victim)  # its stubs' (a killed server cannot remove them)
+    assert len(regions) >= 3 and all(r.name.startswith("prism_") for r in regions), regions
     log_start = len(cluster.stderr_path.read_text())
     cluster.kill_replica(victim)
     start = len(read_access_log(cluster.access_log))
@@ -335,6 +337,7 @@ def test_killed_replica_is_taken_out_then_restarted(cluster):
     assert wait_for(lambda: f"replica {victim} failed (tritonserver exited with code -9); restarting"
                     in cluster.log_since(log_start), 10)
     assert wait_for(lambda: f"replica {victim} ready again" in cluster.log_since(log_start), 900)
+    assert not [r for r in regions if r.exists()]  # removed before the relaunch, not left in /dev/shm
     with PrismClient(cluster.replicas[victim]["http"]) as again:
         assert again.is_ready()
         assert again.decide(THREADS[0], ["team"])[0].probabilities == client.decide(THREADS[0], ["team"])[0].probabilities
