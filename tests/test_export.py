@@ -7,6 +7,7 @@ wheel's Python backend as is (it carries no stub). It must answer exactly like `
 import dataclasses
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,8 +71,15 @@ class BareTriton:
 
     def wait_ready(self, timeout: float = 420.0) -> None:
         ready = wait_until_serving(self.process, self.http_port, "/v2/health/ready", timeout, 1.0,
-                                   lambda code: f"tritonserver exited with {code}; {log_summary(self.log.read_text())}")
-        assert ready, f"not ready after {timeout} s; {log_summary(self.log.read_text())}"
+                                   lambda code: f"tritonserver exited with {code}; {self.report()}")
+        assert ready, f"not ready after {timeout} s; {self.report()}"
+
+    def report(self) -> str:
+        """The log's errors and tail, and the room the load needed: the Python backend unpacks the
+        environment (~2.2 GB) into /tmp and gives each stub a region in /dev/shm."""
+        free = {folder: shutil.disk_usage(folder).free / 2**20 for folder in ("/tmp", "/dev/shm") if os.path.isdir(folder)}
+        room = ", ".join(f"{folder} {mib:.0f} MiB" for folder, mib in free.items())
+        return f"free space now: {room}\n{log_summary(self.log.read_text())}"
 
     def stop(self) -> None:
         """SIGINT: Triton unloads the models and deletes the environment it extracted to /tmp
