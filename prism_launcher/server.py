@@ -204,6 +204,7 @@ def http_ready(port: int, path: str = "/v2/health/ready", timeout: float = 1.0) 
 # glog's prefix of an error line, E<month><day> <time>: Triton's own ("failed to load 'prism_decision'
 # version 1: ..."), the Python backend's and the models' (pb_utils.Logger.log_error)
 LOG_ERROR_LINE = re.compile(r"^E\d{4} ")
+MODEL_NOT_READY_ROW = re.compile(r"^\|.*\| (UNAVAILABLE|UNLOADING)")  # the model table's state column
 
 
 def log_summary(text: str, tail_lines: int = 40, max_errors: int = 30) -> str:
@@ -212,12 +213,12 @@ def log_summary(text: str, tail_lines: int = 40, max_errors: int = 30) -> str:
     table that ends the log of a server that exits), then its last lines."""
     lines = text.splitlines()
     errors = list(dict.fromkeys(line[:2000] for line in lines
-                                if LOG_ERROR_LINE.match(line) or re.match(r"^\|.*\| (UNAVAILABLE|UNLOADING)", line)))
+                                if LOG_ERROR_LINE.match(line) or MODEL_NOT_READY_ROW.match(line)))
     parts = []
     if errors:
         more = f" (the first {max_errors} of {len(errors)})" if len(errors) > max_errors else ""
         parts.append(f"errors in the log{more}:\n" + "\n".join(errors[:max_errors]))
-    parts.append(f"last log lines:\n" + "\n".join(lines[-tail_lines:]))
+    parts.append("last log lines:\n" + "\n".join(lines[-tail_lines:]))
     return "\n".join(parts)
 
 
