@@ -190,8 +190,10 @@ class Cluster:
                     maps = Path(f"/proc/{p}/maps").read_text()
                 except OSError:
                     continue
-                regions |= {Path(line.split(None, 5)[5]) for line in maps.splitlines()
-                            if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")}
+                for line in maps.splitlines():
+                    fields = line.split(None, 5)  # address perms offset dev inode [path]
+                    if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                        regions.add(Path(fields[5]))
         return regions
 
     def kill_replica(self, index: int) -> None:
