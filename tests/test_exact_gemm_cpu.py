@@ -486,9 +486,9 @@ def test_amx_kernel_swiglu_epilogue_gives_the_vnni_kernels_bits(m):
 
 # ---- one or two base-128 digits a side on AMX tiles (up to 13 bits) --------------------------------
 
-@needs_amx
+@needs_amx  # K from 768 on goes in chunks of 384 (DIGIT_CHUNK): 1100, 1536 and 1537 (a last chunk of 64) do
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (16, 64, 32), (17, 2, 33), (33, 1536, 193),
-                                     (37, 1100, 1537)])
+                                     (37, 1100, 1537), (35, 1537, 40)])
 @pytest.mark.parametrize("passes", [(1, 1), (2, 2), (2, 1), (1, 2)])
 def test_amx_digits_kernel_exact_at_the_bounds(m, k, n, passes):
     from prism_backend.model.exact_matmul import int8_passes
