@@ -10,13 +10,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernels.cpu.features import torch_below_cpu
+
 
 class HFReference:
     def __init__(self, model_dir: Path, dtype: torch.dtype = torch.float32):
         from transformers import AutoModelForCausalLM
 
         self.dtype = dtype
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        # torch's bf16 SDPA fails where its kernels are forced below the CPU (the forced AVX2 path on
+        # an AVX-512 machine: features.torch_below_cpu); the eager attention there, SDPA everywhere else
+        forced = dtype == torch.bfloat16 and torch_below_cpu()
+        self.attention = "eager" if forced else "sdpa"
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=self.attention).eval()
         _correctly_rounded_rotary(self.model)
 
     @torch.inference_mode()

@@ -91,3 +91,31 @@ def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
         assert rung["route"] in ("int16", "int_mm", "float"), (passes, rung)
         assert rung["problems"] == [], (passes, rung)
         assert rung["digests"] == golden[passes], (passes, rung)
+
+
+# The eval's and the benchmarks' Hugging Face bf16 reference in a process started as on an AVX2-only
+# CPU: on an AVX-512 machine torch's bf16 SDPA failed there (features.torch_below_cpu), so the
+# reference takes the eager attention; a prompt as long as a ticket's (the path that failed) gives
+# candidate probabilities. Natively, and on a real AVX2-only CPU, it keeps SDPA.
+AVX2_BF16_REFERENCE = """
+import json, sys, torch
+from kernels.cpu.features import torch_below_cpu
+from prism_launcher.reference import HFReference
+reference = HFReference(sys.argv[1], torch.bfloat16)
+p = reference.candidate_probabilities(list(range(1000, 1400)), [330, 331, 332])
+print(json.dumps({"below": torch_below_cpu(), "attention": reference.attention, "sum": float(p.sum()),
+                  "finite": bool(torch.isfinite(torch.from_numpy(p)).all())}))
+"""
+
+
+def test_the_bf16_reference_runs_on_the_forced_avx2_path(model_dir):
+    env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", AVX2_BF16_REFERENCE, str(model_dir)], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    avx512_cpu = "avx512f" in (cpu_features._cpuinfo("flags") or "").split()
+    assert result["below"] == avx512_cpu and result["attention"] == ("eager" if avx512_cpu else "sdpa"), result
+    assert result["finite"] and abs(result["sum"] - 1.0) < 1e-3, result
+    # this process: at the CPU's own level, unless the suite itself runs forced (README's AVX2 command)
+    assert cpu_features.torch_below_cpu() == (avx512_cpu and os.environ.get("ATEN_CPU_CAPABILITY") == "avx2")

@@ -12,6 +12,7 @@ import pytest
 from prism_client.client import PrismClient, PrismError
 
 from helpers import REPO_ROOT, SAMPLE_TICKET, metric, processes_with, scrape
+from prism_backend.reproducibility import mkl_cbwr_setting
 from prism_launcher.server import MODEL_ENVIRONMENT
 
 TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
@@ -204,5 +205,6 @@ def test_the_models_run_in_the_model_environment(server):
         for pid in pids:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 environment = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            for name, value in MODEL_ENVIRONMENT.items():
+            # MKL_CBWR: AUTO,STRICT, or the strict branch this process runs (the forced AVX2 path's)
+            for name, value in {**MODEL_ENVIRONMENT, "MKL_CBWR": mkl_cbwr_setting()}.items():
                 assert environment.get(name.encode()) == value.encode(), (model, name)

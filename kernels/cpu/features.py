@@ -11,7 +11,8 @@ machine pick exactly what an AVX2-only one picks:
 torch chooses its own kernels when it starts; AVX2_ENVIRONMENT sets its switch too
 (ATEN_CPU_CAPABILITY), so a process started with it computes as on an AVX2-only CPU as far as
 software can arrange (tests/test_cpu_kinds.py runs the engine that way; `make test` with it runs the
-whole suite so). Not oneDNN's ONEDNN_MAX_CPU_ISA=AVX2: torch still hands `torch._int_mm` to oneDNN
+whole suite so: 2026-12-06 on the Intel Xeon with AMX, after three fixes it found -- torch's bf16
+attention there (torch_below_cpu), a server resetting MKL's branch, an fp32 test of batch isolation). Not oneDNN's ONEDNN_MAX_CPU_ISA=AVX2: torch still hands `torch._int_mm` to oneDNN
 where the CPU has VNNI, and oneDNN's AVX2 int8 kernel then saturates int16 pair sums (vpmaddubsw:
 measured wrong sums for 8-bit operands), a combination no real machine runs (an AVX2-only CPU takes
 torch's own exact loop). MKL's code branch goes further than an AVX2 CPU: MKL_CBWR=COMPATIBLE,STRICT,
@@ -116,6 +117,19 @@ def cpu_kind() -> str:
     else:
         kind = "other"
     return kind + (" (forced)" if _isa_cap() != "native" else "")
+
+
+def torch_below_cpu() -> bool:
+    """Whether torch's kernels were started below this CPU's AVX-512 (ATEN_CPU_CAPABILITY=avx2 on an
+    AVX-512 machine: AVX2_ENVIRONMENT's forced AVX2 path). torch 2.13's bfloat16 attention (SDPA)
+    still asks the CPU itself whether to pack its operands for AMX tiles, and that packing is
+    compiled into its AVX-512 kernels only: on the Intel Xeon with AMX it failed there with
+    'pack_vnni2 is only supported when avx512 is supported' (the eval's Hugging Face bf16 reference,
+    2026-12-06). A real AVX2-only CPU never packs. Reads the CPU's own flags, not PRISM_CPU_ISA's."""
+    import torch
+
+    line = _cpuinfo("flags")
+    return line is not None and "avx512f" in line.split() and torch.backends.cpu.get_cpu_capability() != "AVX512"
 
 
 def cpu_model() -> str:
