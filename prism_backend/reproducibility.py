@@ -51,22 +51,12 @@ def enable_strict_blas() -> None:
     code with it, as another CPU vendor would)."""
     if _names_strict(os.environ.get("MKL_CBWR", "")):
         return  # MKL reads it when it starts (or read it already)
-    os.environ["MKL_CBWR"] = mkl_cbwr_setting()  # this process's MKL when it starts, and child processes
+    os.environ["MKL_CBWR"] = MKL_CBWR_ENV  # this process's MKL when it starts, and child processes
     if "torch" not in sys.modules:
         return
     lib = _mkl()
     if lib is not None:
         lib.mkl_serv_cbwr_set(_AUTO | _STRICT)
-
-
-def mkl_cbwr_setting() -> str:
-    """The MKL_CBWR value for Prism's processes (this one, the servers' models): a strict setting
-    already in the environment, whatever its code branch, else AUTO,STRICT. A server started on the
-    forced AVX2 path (COMPATIBLE,STRICT) so runs MKL's branch where its caller does; with AUTO forced
-    on it, its fp32 stubs gave other bits than the caller's fp32 pipeline (tests/test_server.py,
-    2026-12-06)."""
-    current = os.environ.get("MKL_CBWR", "")
-    return current if _names_strict(current) else MKL_CBWR_ENV
 
 
 def _names_strict(setting: str) -> bool:

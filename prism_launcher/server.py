@@ -26,7 +26,7 @@ from pathlib import Path
 from prism_backend.config import BACKEND_PARAMETERS, PRECISIONS, ConfigError, EngineConfig
 from prism_backend.paths import DEFAULT_MODEL_DIR, MODEL_REPOSITORY, REPO_ROOT
 from prism_backend.processes import die_with_parent
-from prism_backend.reproducibility import MKL_CBWR_ENV, mkl_cbwr_setting
+from prism_backend.reproducibility import MKL_CBWR_ENV
 
 from .security import triton_restriction_flags, validate_admin_token
 
@@ -189,7 +189,6 @@ def server_environment(paths: dict[str, Path]) -> dict[str, str]:
     libdirs = [sysconfig.get_config_var("LIBDIR"), str(paths["libs"]), env.get("LD_LIBRARY_PATH", "")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in libdirs if d)
     env.update(MODEL_ENVIRONMENT)
-    env["MKL_CBWR"] = mkl_cbwr_setting()  # a strict branch the caller chose is kept (reproducibility.py)
     env["PRISM_PYTHON"] = sys.executable  # tensor-parallel workers: inside the stub, sys.executable is not Python
     return env
 
