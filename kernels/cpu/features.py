@@ -11,9 +11,9 @@ machine pick exactly what an AVX2-only one picks:
 torch chooses its own kernels when it starts; AVX2_ENVIRONMENT sets its switch too
 (ATEN_CPU_CAPABILITY), so a process started with it computes as on an AVX2-only CPU as far as
 software can arrange (tests/test_cpu_kinds.py runs the engine that way; `make test` with it runs the
-whole suite so: 2026-12-06 on the Intel Xeon with AMX, after three fixes it found -- torch's bf16
-attention there (torch_below_cpu), two fp32 tests that compared bits across MKL branches or batches;
-the servers the suite starts run MKL's AUTO,STRICT branch, as the launcher starts every model). Not oneDNN's ONEDNN_MAX_CPU_ISA=AVX2: torch still hands `torch._int_mm` to oneDNN
+whole suite so; 2026-12-06, on the Intel Xeon with AMX, it found torch's bf16 attention failing
+there (torch_below_cpu) and two fp32 tests comparing bits across MKL branches or batches; the servers
+the suite starts run MKL's AUTO,STRICT branch, as the launcher starts every model). Not oneDNN's ONEDNN_MAX_CPU_ISA=AVX2: torch still hands `torch._int_mm` to oneDNN
 where the CPU has VNNI, and oneDNN's AVX2 int8 kernel then saturates int16 pair sums (vpmaddubsw:
 measured wrong sums for 8-bit operands), a combination no real machine runs (an AVX2-only CPU takes
 torch's own exact loop). MKL's code branch goes further than an AVX2 CPU: MKL_CBWR=COMPATIBLE,STRICT,
