@@ -34,6 +34,21 @@ TINY_ARCHS = ("llama3", "llama_tied", "mistral", "qwen2", "qwen3")  # conftest's
 GOLDEN_DECISIONS_PATH = REPO_ROOT / "tests" / "golden_decisions.json"
 
 
+def run_snippet(code: str, *args, env: dict[str, str] | None = None, unset: tuple[str, ...] = (),
+                timeout: float = 600):
+    """Run `code` as `python -c code args...` in the checkout (the repository and tests/ importable),
+    with this process's environment, `env` over it and `unset` removed -- for what must run in a
+    process started otherwise (forced CPU paths, the models' MKL branch); return the JSON its last
+    stdout line prints. A non-zero exit fails the test with the snippet's stderr."""
+    full = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join((str(REPO_ROOT), str(REPO_ROOT / "tests")))}
+    for name in unset:
+        full.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=full, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def decision_digests(pipeline) -> list[str]:
     """One digest per request of the fixed determinism set (prism_client.determinism)."""
     import numpy as np

@@ -2,15 +2,12 @@
 AVX2-only one picks, and the engine's determinism holds there (kernels/cpu/features.py)."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from kernels.cpu import exact_gemm, features as cpu_features
-from prism_backend.paths import REPO_ROOT
 
-from helpers import GOLDEN_DECISIONS_PATH
+from helpers import GOLDEN_DECISIONS_PATH, run_snippet
 
 
 @pytest.fixture
@@ -74,13 +71,8 @@ print(json.dumps(out))
 
 
 def test_the_engine_on_the_forced_avx2_path_is_deterministic(model_dir):
-    env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": os.pathsep.join((str(REPO_ROOT), str(REPO_ROOT / "tests")))}
-    env.pop("PRISM_EXACT_ROUTE", None)
-    env.pop("PRISM_INT8_ROUTE", None)
-    done = subprocess.run([sys.executable, "-c", AVX2_ENGINE_CHECK, str(model_dir)], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_snippet(AVX2_ENGINE_CHECK, model_dir, env=cpu_features.AVX2_ENVIRONMENT,
+                         unset=("PRISM_EXACT_ROUTE", "PRISM_INT8_ROUTE"))
     assert result["kind"] == "AVX2 (forced)" and result["torch"] == "AVX2", result
     assert result["mkl"] == 0x10000 | 3, result  # MKL_CBWR_COMPATIBLE | MKL_CBWR_STRICT: another vendor's MKL code
     assert set(result["rungs"]) == {"exact", "int8"}
@@ -109,12 +101,8 @@ print(json.dumps({"below": torch_below_cpu(), "attention": reference.attention, 
 
 
 def test_the_bf16_reference_runs_on_the_forced_avx2_path(model_dir):
-    env = {**os.environ, **cpu_features.AVX2_ENVIRONMENT, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-c", AVX2_BF16_REFERENCE, str(model_dir)], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    avx512_cpu = "avx512f" in (cpu_features._cpuinfo("flags") or "").split()
+    result = run_snippet(AVX2_BF16_REFERENCE, model_dir, env=cpu_features.AVX2_ENVIRONMENT)
+    avx512_cpu = cpu_features.cpu_has_avx512_itself()
     assert result["below"] == avx512_cpu and result["attention"] == ("eager" if avx512_cpu else "sdpa"), result
     assert result["finite"] and abs(result["sum"] - 1.0) < 1e-3, result
     # this process: at the CPU's own level, unless the suite itself runs forced (README's AVX2 command)

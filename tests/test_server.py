@@ -1,6 +1,5 @@
 """End to end: a real tritonserver (started by the `server` fixture), real HTTP and gRPC calls."""
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -12,7 +11,7 @@ import pytest
 
 from prism_client.client import PrismClient, PrismError
 
-from helpers import REPO_ROOT, SAMPLE_TICKET, metric, processes_with, scrape
+from helpers import REPO_ROOT, SAMPLE_TICKET, metric, processes_with, run_snippet, scrape
 from prism_launcher.server import MODEL_ENVIRONMENT
 
 TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
@@ -60,11 +59,7 @@ print(json.dumps([list(d["probabilities"].values()) for d in pipeline.decide(SAM
 def test_server_agrees_with_in_process_pipeline(server, model_dir):
     """Same engine behind Triton: identical float32 bits, and the JSON round-trips them exactly."""
     remote = http_client(server).decide(SAMPLE_TICKET, ["severity", "team"])
-    env = {**os.environ, **MODEL_ENVIRONMENT, "PYTHONPATH": os.pathsep.join((str(REPO_ROOT), str(REPO_ROOT / "tests")))}
-    done = subprocess.run([sys.executable, "-c", LOCAL_FP32_DECISION, str(model_dir)], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    local = json.loads(done.stdout.strip().splitlines()[-1])  # float32 values, exact through JSON's doubles
+    local = run_snippet(LOCAL_FP32_DECISION, model_dir, env=MODEL_ENVIRONMENT)  # float32 values, exact through JSON's doubles
     assert len(remote) == len(local) == 2
     for r, l in zip(remote, local):
         assert r.probability_array().tobytes() == np.array(l, np.float32).tobytes()

@@ -129,8 +129,13 @@ def torch_below_cpu() -> bool:
     2026-12-06). A real AVX2-only CPU never packs. Reads the CPU's own flags, not PRISM_CPU_ISA's."""
     import torch
 
+    return cpu_has_avx512_itself() and torch.backends.cpu.get_cpu_capability() != "AVX512"
+
+
+def cpu_has_avx512_itself() -> bool:
+    """Whether the CPU itself has AVX-512 (its own flags, whatever PRISM_CPU_ISA caps)."""
     line = _cpuinfo("flags")
-    return line is not None and "avx512f" in line.split() and torch.backends.cpu.get_cpu_capability() != "AVX512"
+    return line is not None and "avx512f" in line.split()
 
 
 def cpu_model() -> str:
