@@ -62,10 +62,10 @@ mkl = _mkl().mkl_serv_cbwr_get(-1) if _mkl() is not None else None
 out = {"kind": cpu_kind(), "torch": torch.backends.cpu.get_cpu_capability(), "mkl": mkl, "rungs": {}}
 for precision, passes in (("exact", 2), ("int8", 1)):
     config = EngineConfig(model_dir=sys.argv[1], precision=precision, num_threads=2)
-    step = DecisionStep(config)
-    out["rungs"][precision] = {"route": exact_matmul.route(passes, passes), "problems": step.self_check_problems}
-    step.close()
-    out["rungs"][precision]["digests"] = decision_digests(DecisionPipeline(config.replace(prefix_cache_bytes=0), REGISTRY))
+    pipeline = DecisionPipeline(config.replace(prefix_cache_bytes=0), REGISTRY)
+    step = DecisionStep(config, share_weights_with=pipeline.engine)  # the served self-check, on the same model
+    out["rungs"][precision] = {"route": exact_matmul.route(passes, passes), "problems": step.self_check_problems,
+                               "digests": decision_digests(pipeline)}
 print(json.dumps(out))
 """
 
