@@ -23,7 +23,7 @@ from kernels.cpu.features import machine  # noqa: E402
 from prism_backend.config import EngineConfig  # noqa: E402
 from prism_backend.paths import DEFAULT_MODEL_DIR, REGISTRY_PATH as REGISTRY  # noqa: E402
 from prism_backend.serving.pipeline import DecisionPipeline  # noqa: E402
-from vllm_driver import VLLM_PYTHON, run_vllm  # noqa: E402
+from vllm_driver import DTYPE_NAMES, VLLM_PYTHON, fastest_dtype, run_vllm  # noqa: E402
 from workloads import eval_tickets, write_result  # noqa: E402
 
 
@@ -69,10 +69,10 @@ def run_prism(requests, caches: dict[str, int], model_dir: Path) -> tuple[dict[s
     return seconds, decisions
 
 
-def vllm_seconds(decisions, prefix_caching: bool, model_dir: Path) -> list[float]:
+def vllm_seconds(decisions, prefix_caching: bool, model_dir: Path, dtype: str) -> list[float]:
     calls = [[([1, 2, 3], [4, 5])]]  # first call pays one-off setup: not timed
     calls += [[(d["prompt_ids"], d["candidate_ids"])] for d in decisions]
-    return run_vllm(calls, prefix_caching, model_dir)["seconds"][1:]
+    return run_vllm(calls, prefix_caching, model_dir, dtype)["seconds"][1:]
 
 
 def main() -> None:
@@ -87,9 +87,10 @@ def main() -> None:
     timings, decisions = run_prism(requests, {"prism int8, no cache": 0, "prism int8, prefix cache": 256 << 20},
                                    args.model_dir)
     if not args.no_vllm and VLLM_PYTHON.exists():
+        dtype = fastest_dtype()  # vLLM's on this CPU
         for on in (False, True):
-            label = f"vLLM bf16, prefix caching {'on' if on else 'off'}"
-            timings[label] = vllm_seconds(decisions, on, args.model_dir)
+            label = f"vLLM {DTYPE_NAMES[dtype]}, prefix caching {'on' if on else 'off'}"
+            timings[label] = vllm_seconds(decisions, on, args.model_dir, dtype)
 
     def median_ms(seconds, kind):
         return 1000 * statistics.median(s for s, k in zip(seconds, kinds) if k == kind)

@@ -8,7 +8,9 @@ Engines
                                GPTQ-rounded model), exact the 13-bit scheme
   prism triton int8 / exact / fp32  the same through a real tritonserver over HTTP (PrismClient)
   HF generic fp32 / bf16       transformers, one forward per question, full-vocabulary softmax
-  vLLM bf16 prefix on / off    vLLM's CPU build (.venv-vllm), candidate logprobs via logprob_token_ids
+  vLLM bf16|fp32 prefix on/off vLLM's CPU build (.venv-vllm), candidate logprobs via logprob_token_ids,
+                               in its fastest dtype on this CPU (vllm_driver.fastest_dtype: fp32 where
+                               the CPU has no bf16 dot products, which vLLM's bf16 then emulates)
   vLLM W8A8 prefix on          the same serving a compressed-tensors W8A8 checkpoint made by
                                llm-compressor (SmoothQuant + GPTQ; bench/w8a8_checkpoint.py), where
                                `make bench` could make one
@@ -20,7 +22,7 @@ Workloads
   (c) 3 questions whose materials share 0-95% of a fixed length
   (d) requests/s at concurrency 1, 4, 8 against the Prism and vLLM servers
   (e) the probability error on the eval subset (`--eval-limit` documents of each set) against Prism
-      fp32: Prism's int8 default and its 8-bit rung beside vLLM bf16 and vLLM W8A8, on the same
+      fp32: Prism's int8 default and its 8-bit rung beside vLLM (its dtype) and vLLM W8A8, on the same
       prompt tokens
 The ratio targets pair each peer with Prism's default alternately (peers_alternately); vLLM W8A8 is
 also paired with the 8-bit rung (`keep_exact=''`), the same bit width as the checkpoint.
@@ -47,7 +49,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON, convert, llama_cpp_session, run_llama_cpp  # noqa: E402
-from vllm_driver import VLLM_PYTHON, run_vllm, vllm_session  # noqa: E402
+from vllm_driver import DTYPE_NAMES, VLLM_PYTHON, fastest_dtype, run_vllm, vllm_session  # noqa: E402
 from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import OTHER_TICKETS, RESULTS, SHARED_TICKET, eval_tickets, write_result  # noqa: E402
 
@@ -150,21 +152,29 @@ LLAMA_LABEL = "llama.cpp Q8_0, KV prefix reuse"
 W8A8_LABEL = "vLLM W8A8 (llm-compressor) prefix on"
 EXACT_LABEL = "prism engine exact (13-bit)"
 EIGHT_BIT_LABEL = "prism engine int8, every projection 8-bit"  # keep_exact='': faster, ~1.6x the default's error
-VLLM_BF16_LABEL = "vLLM bf16 prefix on"
+
+
+def vllm_label(dtype: str, prefix_caching: bool = True) -> str:
+    """A vLLM engine's label in the results, e.g. 'vLLM bf16 prefix on' (dtype as vLLM's --dtype)."""
+    return f"vLLM {DTYPE_NAMES[dtype]} prefix {'on' if prefix_caching else 'off'}"
+
+
+VLLM_BF16_LABEL = vllm_label("bfloat16")  # the AMX plan's peer (CPUs with AMX have bf16 dot products)
 AMX_PLAN = "qkv,down:1+2"  # down_proj's 13-bit weights with 8-bit activations: two AMX tile products, not four
 AMX_PLAN_LABEL = f"prism engine int8, keep_exact={AMX_PLAN}"
 
 
-def peer_sessions(model_dir: Path, w8a8_dir: Path, gguf: Path, vllm: bool, vllm_fp32: bool = False) -> dict:
+def peer_sessions(model_dir: Path, w8a8_dir: Path, gguf: Path, vllm: bool, dtype: str = "bfloat16",
+                  other_dtype: str | None = None) -> dict:
     """peers_alternately's `sessions`: label -> a function starting that peer's driver session. vLLM
-    (where `vllm`) in bf16 with and without prefix caching, in fp32 with it where `vllm_fp32`, serving
-    the W8A8 checkpoint where there is one; llama.cpp where its virtualenv is (the GGUF converted if
-    missing)."""
+    (where `vllm`) in `dtype` with and without prefix caching, in `other_dtype` with it where given,
+    serving the W8A8 checkpoint (its activations in `dtype`) where there is one; llama.cpp where its
+    virtualenv is (the GGUF converted if missing)."""
     runs = []
     if vllm:
-        runs = [(VLLM_BF16_LABEL, model_dir, "bfloat16", True), ("vLLM bf16 prefix off", model_dir, "bfloat16", False)]
-        runs += [("vLLM fp32 prefix on", model_dir, "float32", True)] if vllm_fp32 else []
-        runs += [(W8A8_LABEL, w8a8_dir, "bfloat16", True)] if w8a8_dir.exists() else []
+        runs = [(vllm_label(dtype, on), model_dir, dtype, on) for on in (True, False)]
+        runs += [(vllm_label(other_dtype), model_dir, other_dtype, True)] if other_dtype else []
+        runs += [(W8A8_LABEL, w8a8_dir, dtype, True)] if w8a8_dir.exists() else []
     sessions = {label: (lambda checkpoint=checkpoint, dtype=dtype, on=on: vllm_session(on, checkpoint, dtype))
                 for label, checkpoint, dtype, on in runs}
     if LLAMA_PYTHON.exists():
@@ -172,6 +182,11 @@ def peer_sessions(model_dir: Path, w8a8_dir: Path, gguf: Path, vllm: bool, vllm_
             convert(model_dir, gguf)
         sessions[LLAMA_LABEL] = lambda: llama_cpp_session(gguf, THREADS)
     return sessions
+
+
+def vllm_server_label(dtype: str) -> str:
+    """The vLLM server's row in (d), the requests/s table."""
+    return f"vLLM server {DTYPE_NAMES[dtype]} prefix on"
 
 
 def peer_times(run, workloads: dict, prompts: dict, reps: int) -> tuple[dict[str, list[float]], dict]:
@@ -313,14 +328,14 @@ def prism_startup_seconds(options: ServerOptions, caches: Path | None) -> float:
 
 
 class VllmServer:
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, dtype: str):
         self.port = free_port()
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, CPUS)), VLLM_CPU_KVCACHE_SPACE="2")
         LOG.parent.mkdir(exist_ok=True)
         self.log = open(LOG, "w")
         self.proc = subprocess.Popen(
             [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-             "--port", str(self.port), "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
+             "--port", str(self.port), "--dtype", dtype, "--enforce-eager", "--block-size", "32",
              "--enable-prefix-caching", "--served-model-name", "m"], stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -364,16 +379,16 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 def throughput_in_turn(prism_send, prism_pid: int, prism_base: int, ids, concurrency: list[int], model_dir: Path,
-                       startup: dict, memory: dict) -> tuple[list[float], list[float], dict[str, float]]:
+                       dtype: str, startup: dict, memory: dict) -> tuple[list[float], list[float], dict[str, float]]:
     """Requests/s of Prism's server (up, `prism_send`) and vLLM's (started here: its start-up and memory
     recorded) at each concurrency level, one level of each in turn: run as two phases minutes apart, the
     machine's phases moved their ratio by more than the target's margin. The idle server waits on its
     sockets meanwhile; returned with the rates: CPU seconds each server used while the other was timed
-    (what shows that it did)."""
+    (what shows that it did). vLLM serves in `dtype`."""
     print("vLLM server", flush=True)
     t0 = time.perf_counter()
-    server = VllmServer(model_dir)
-    startup["vLLM bf16 (its caches as they are)"] = time.perf_counter() - t0
+    server = VllmServer(model_dir, dtype)
+    startup[f"vLLM {DTYPE_NAMES[dtype]} (its caches as they are)"] = time.perf_counter() - t0
     prism, vllm, idle = [], [], {"Prism's server while vLLM's ran": 0.0, "vLLM's server while Prism's ran": 0.0}
     try:
         server.send(ids(workload_a(VLLM_TICKETS - 1)))  # warm-up (Prism's server is warm from (a)-(c))
@@ -386,7 +401,7 @@ def throughput_in_turn(prism_send, prism_pid: int, prism_base: int, ids, concurr
             before = tree_cpu_seconds(prism_pid)
             vllm.append(throughput(server.send, c, requests))
             idle["Prism's server while vLLM's ran"] += tree_cpu_seconds(prism_pid) - before
-        memory["vLLM server bf16 prefix on (server processes)"] = process_tree_rss(server.proc.pid)
+        memory[f"vLLM server {DTYPE_NAMES[dtype]} prefix on (server processes)"] = process_tree_rss(server.proc.pid)
     finally:
         server.stop()
     return prism, vllm, idle
@@ -408,6 +423,7 @@ def main() -> None:
     fractions = [0.0, 0.5, 0.95] if args.quick else list(SHARED_FRACTIONS)
     concurrency = [1, 4, 8]
     vllm = not args.no_vllm and VLLM_PYTHON.exists()
+    dtype = fastest_dtype()  # vLLM's, on this CPU
     RESULTS.mkdir(exist_ok=True)
     ticket = iter(range(1, 10**6))  # every batch gets its own ticket number
 
@@ -434,23 +450,23 @@ def main() -> None:
             times[w][label] = timed(pipeline.decide_many, bs)
         forest_tokens = pipeline.decide_many(next(iter(workloads.values()))[0])[1].tokens_computed  # (a)
         del pipeline
-    for label, dtype in (("HF generic fp32", torch.float32), ("HF generic bf16", torch.bfloat16)):
+    for label, hf_dtype in (("HF generic fp32", torch.float32), ("HF generic bf16", torch.bfloat16)):
         print(label, flush=True)
-        ref = HFReference(args.model_dir, dtype)
+        ref = HFReference(args.model_dir, hf_dtype)
         for w in workloads:
             times[w][label] = timed(lambda ps: [ref.candidate_probabilities(p, c) for p, c in ps], prompts[w])
         del ref
     if vllm:
         for on in (True, False):
-            label = f"vLLM bf16 prefix {'on' if on else 'off'}"
+            label = vllm_label(dtype, on)
             print(label, flush=True)
-            peer, out = peer_times(lambda calls: run_vllm(calls, on, args.model_dir), workloads, prompts, reps)
+            peer, out = peer_times(lambda calls: run_vllm(calls, on, args.model_dir, dtype), workloads, prompts, reps)
             for w, t in peer.items():
                 times[w][label] = t
             memory[label + " (offline engine)"] = out["rss_bytes"] / 2**30
         if args.w8a8_dir.exists():
             print(W8A8_LABEL, flush=True)
-            peer, out = peer_times(lambda calls: run_vllm(calls, True, args.w8a8_dir), workloads, prompts, reps)
+            peer, out = peer_times(lambda calls: run_vllm(calls, True, args.w8a8_dir, dtype), workloads, prompts, reps)
             for w, t in peer.items():
                 times[w][W8A8_LABEL] = t
             memory[W8A8_LABEL + " (offline engine)"] = out["rss_bytes"] / 2**30
@@ -464,7 +480,7 @@ def main() -> None:
             times[w][label] = t
         memory[label + " (process)"] = out["rss_bytes"] / 2**30
     # the peers again, each alternately with Prism's engine: what the ratio targets read
-    sessions = peer_sessions(args.model_dir, args.w8a8_dir, DEFAULT_GGUF, vllm)
+    sessions = peer_sessions(args.model_dir, args.w8a8_dir, DEFAULT_GGUF, vllm, dtype)
     engine = DecisionPipeline(EngineConfig(model_dir=args.model_dir, prefix_cache_bytes=0, num_threads=THREADS), REGISTRY)
     versus = peers_alternately(engine.decide_many, sessions, ticket, ids, reps)
     del engine
@@ -515,9 +531,9 @@ def main() -> None:
             if full:
                 memory[label + " (server: tritonserver + stubs)"] = process_tree_rss(server.process.pid)
             if full and vllm and label == "prism triton int8":  # the requests/s target: level by level in turn
-                throughput_rows[label], throughput_rows["vLLM server bf16 prefix on"], idle_cpu = throughput_in_turn(
-                    send_batch, server.process.pid, prism_tickets(index), ids, concurrency, args.model_dir, startup,
-                    memory)
+                throughput_rows[label], throughput_rows[vllm_server_label(dtype)], idle_cpu = throughput_in_turn(
+                    send_batch, server.process.pid, prism_tickets(index), ids, concurrency, args.model_dir, dtype,
+                    startup, memory)
             elif full:
                 throughput_rows[label] = [throughput(send_batch, c, throughput_tickets(prism_tickets(index), c))
                                           for c in concurrency]
@@ -539,9 +555,9 @@ def main() -> None:
     accuracy = eval_subset(args.model_dir, args.eval_limit, vllm, args.w8a8_dir if vllm else None,
                            {**PRISM_DEFAULT_PLAN, EIGHT_BIT_ERROR_LABEL: engine_configs[EIGHT_BIT_LABEL],
                             **({f"Prism int8, keep_exact={AMX_PLAN}": engine_configs[AMX_PLAN_LABEL]}
-                               if AMX_PLAN_LABEL in engine_configs else {})})
+                               if AMX_PLAN_LABEL in engine_configs else {})}, dtype)
     write_report(args, workloads, times, memory, throughput_rows, concurrency, peaks, fractions, reps, forest_tokens,
-                 startup, accuracy, overhead, versus, idle_cpu, same_width, amx_plan)
+                 startup, accuracy, overhead, versus, idle_cpu, same_width, amx_plan, dtype)
 
 
 PRISM_DEFAULT_PLAN = {"Prism int8 (default)": {}}
@@ -549,11 +565,11 @@ EIGHT_BIT_ERROR_LABEL = "Prism int8, every projection 8-bit"  # the 8-bit rung's
 
 
 def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None,
-                plans: dict[str, dict] = PRISM_DEFAULT_PLAN) -> dict[str, dict[str, float]]:
+                plans: dict[str, dict] = PRISM_DEFAULT_PLAN, dtype: str = "bfloat16") -> dict[str, dict[str, float]]:
     """(e): every engine's probabilities for the first `limit` documents of each eval set, on the
     prompt tokens Prism's fp32 run was given, against that fp32 -> per engine: accuracy against the
     labels, agreement with fp32's choice, mean and max over decisions of max |p - p_fp32|.
-    plans: Prism's engines besides fp32, label -> EngineConfig settings."""
+    plans: Prism's engines besides fp32, label -> EngineConfig settings; dtype: vLLM's."""
     from evals.run_eval import load, measures, run_engine
 
     docs = load(limit)
@@ -566,9 +582,9 @@ def eval_subset(model_dir: Path, limit: int, vllm: bool, w8a8_dir: Path | None,
                         for d in run_engine(EngineConfig(model_dir=model_dir, **settings), docs)]
     prompts = [(d["prompt_ids"], d["candidate_ids"]) for d in fp32]
     if vllm:
-        probs["vLLM bf16"] = run_vllm([prompts], True, model_dir)["probabilities"]
+        probs[f"vLLM {DTYPE_NAMES[dtype]}"] = run_vllm([prompts], True, model_dir, dtype)["probabilities"]
     if w8a8_dir is not None and w8a8_dir.exists():
-        probs[W8A8_LABEL.replace(" prefix on", "")] = run_vllm([prompts], True, w8a8_dir)["probabilities"]
+        probs[W8A8_LABEL.replace(" prefix on", "")] = run_vllm([prompts], True, w8a8_dir, dtype)["probabilities"]
     return {name: measures(ps, probs["Prism fp32"], options, labels) for name, ps in probs.items()}
 
 
@@ -626,16 +642,18 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
                  forest_tokens: int, startup: dict[str, float], accuracy: dict[str, dict[str, float]],
                  overhead: dict[str, dict[str, list[float]]], versus: dict[str, dict[str, dict]],
                  idle_cpu: dict[str, float], same_width: dict[str, dict[str, dict]] | None = None,
-                 amx_plan: dict[str, dict[str, dict]] | None = None) -> None:
+                 amx_plan: dict[str, dict[str, dict]] | None = None, dtype: str = "bfloat16") -> None:
     """versus: peers_alternately against the default; same_width: against the 8-bit rung (the W8A8
-    checkpoint only; empty where there is none); amx_plan: the AMX plan against vLLM bf16 (AMX CPUs only)."""
+    checkpoint only; empty where there is none); amx_plan: the AMX plan against vLLM bf16 (AMX CPUs
+    only); dtype: vLLM's (fastest_dtype), the one its targets read."""
     base = "prism engine int8"
     med = {w: {e: 1000 * statistics.median(t) for e, t in row.items()} for w, row in times.items()}
     lines = ["# Side by side: Prism vs vLLM vs Hugging Face", "", f"CPU kind: {machine()}, {time.strftime('%Y-%m-%d')}.", "",
              f"`{' '.join(['.venv/bin/python', 'bench/side_by_side.py'] + sys.argv[1:])}` on "
              f"{THREADS} thread(s), CPU(s) {CPUS} for every engine; SmolLM2-135M-Instruct; median of {reps} runs, each on a ticket no "
              "engine had seen (spread = min-max); ratio = engine time / Prism engine int8 time (> 1: Prism is "
-             "faster).", "",
+             f"faster). vLLM in {DTYPE_NAMES[dtype]}, its fastest dtype on this CPU (`vllm_driver.fastest_dtype`: "
+             "bf16 where the CPU has bf16 dot products, fp32 where vLLM's bf16 is emulated).", "",
              "| workload | engine | ms (median) | spread ms | ratio |", "|---|---|---|---|---|"]
     for w in workloads:
         for e, t in times[w].items():
@@ -714,8 +732,8 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     # The speed issue's targets (#29): ratios = the engine's time / Prism's default's time.
     targets = [("(a) vs Prism fp32", med[a]["prism engine fp32"] / med[a][base], 2.0),
                ("(b) vs Prism fp32", med[b]["prism engine fp32"] / med[b][base], 2.0)]
-    peer_goals = [(w, VLLM_BF16_LABEL, "vLLM prefix caching on", goal) for w, goal in ((a, 1.5), (b, 1.2))]
-    peer_goals += [(a, "vLLM bf16 prefix off", "vLLM prefix caching off", 4.0)]
+    peer_goals = [(w, vllm_label(dtype), "vLLM prefix caching on", goal) for w, goal in ((a, 1.5), (b, 1.2))]
+    peer_goals += [(a, vllm_label(dtype, False), "vLLM prefix caching off", 4.0)]
     peer_goals += [(w, W8A8_LABEL, "vLLM W8A8 prefix caching on", 1.0) for w in (a, b)]
     peer_goals += [(w, LLAMA_LABEL, "llama.cpp Q8_0", 2.0) for w in (a, b)]
     for w, label, name, goal in peer_goals:  # alternately where measured so (above), else the phases
@@ -729,7 +747,7 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
     for w, ratio in amx_plan_over.items():
         targets.append((f"({w[0]}) vs vLLM prefix caching on: the AMX plan `{AMX_PLAN}` (alternately; not the default)",
                         ratio, 1.5 if w == a else 1.2))
-    vllm_rps = throughput_rows.get("vLLM server bf16 prefix on")
+    vllm_rps = throughput_rows.get(vllm_server_label(dtype))
     if vllm_rps and "prism triton int8" in throughput_rows:
         for c, prism, vllm in zip(concurrency, throughput_rows["prism triton int8"], vllm_rps):
             targets.append((f"requests/s at concurrency {c} vs vLLM server", prism / vllm, 1.5))

@@ -9,10 +9,11 @@ Each engine alone on the same cores, on the same token ids; every repeat a ticke
 default (side_by_side.peers_alternately: a ticket through each in turn, the peer's driver kept up
 and stopped between its calls), and its ratio is to the default's time in those same rounds.
 Prism: the engine in-process (prefix cache off) in int8 (the default), int8 with faster precision plans (down kept exact; nothing kept exact), exact
-and fp32. vLLM: its offline engine (bench/vllm_driver.py) in bf16 with prefix caching on and off,
-in fp32 with prefix caching on (the faster dtype where the CPU has no bf16 instructions), and
+and fp32. vLLM: its offline engine (bench/vllm_driver.py) in its fastest dtype on this CPU
+(vllm_driver.fastest_dtype: bf16 where the CPU has bf16 dot products, else fp32) with prefix caching on
+and off, in the other dtype with prefix caching on (what shows the choice), and
 serving llm-compressor's W8A8 checkpoint with prefix caching on where `make bench` made one
-(bench/w8a8_checkpoint.py). Then the probability error of Prism's int8 plans, vLLM bf16 and vLLM
+(bench/w8a8_checkpoint.py). Then the probability error of Prism's int8 plans, vLLM and vLLM
 W8A8 against Prism fp32 on the eval subset (side_by_side.eval_subset): speed beside accuracy.
 llama.cpp (.venv-llama, GGUF Q8_0 converted from the same
 checkpoint, bench/llama_cpp_driver.py) where it is installed: the prompts one after another, each
@@ -30,6 +31,7 @@ import torch
 from side_by_side import (THREADS, PromptIds, accuracy_rows, eval_subset, peer_sessions, peers_alternately,  # noqa: E402
                           timed, workload_a, workload_b)
 from llama_cpp_driver import DEFAULT_GGUF, LLAMA_PYTHON  # noqa: E402
+from vllm_driver import DTYPE_NAMES, fastest_dtype  # noqa: E402
 from w8a8_checkpoint import DEFAULT_W8A8  # noqa: E402
 from workloads import write_result  # noqa: E402
 
@@ -64,7 +66,9 @@ def main() -> None:
         for w, bs in workloads.items():
             times[w][label] = timed(pipeline.decide_many, bs)
         del pipeline
-    sessions = peer_sessions(args.model_dir, args.w8a8_dir, args.gguf, vllm=True, vllm_fp32=True)
+    dtype = fastest_dtype()
+    sessions = peer_sessions(args.model_dir, args.w8a8_dir, args.gguf, vllm=True, dtype=dtype,
+                             other_dtype=next(d for d in DTYPE_NAMES if d != dtype))
     if not LLAMA_PYTHON.exists():  # `make bench` builds it; skipped (and said so) where it is not there
         print(f"llama.cpp skipped: {LLAMA_PYTHON} not found (make bench builds it)", flush=True)
     # each peer against the default alternately (side_by_side.peers_alternately), on tickets of its own
@@ -74,7 +78,7 @@ def main() -> None:
     print("eval subset", flush=True)
     plans = {label.replace("prism", "Prism"): {k: v for k, v in settings.items() if k != "precision"}
              for label, settings in prism.items() if settings["precision"] == "int8"}
-    accuracy = eval_subset(args.model_dir, args.eval_limit, True, args.w8a8_dir, plans)
+    accuracy = eval_subset(args.model_dir, args.eval_limit, True, args.w8a8_dir, plans, dtype)
     base = "prism int8 (default)"
     lines = ["# Prism engine vs vLLM's CPU build, workloads (a) and (b)", "",
              f"`.venv/bin/python bench/vllm_ab.py --repeats {args.repeats}`: {THREADS} thread(s), CPU capability "

@@ -27,6 +27,17 @@ from pathlib import Path
 from driver_io import DriverSession, driver_calls, run_driver
 
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
+DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32"}  # vLLM's --dtype -> the name results use
+
+
+def fastest_dtype() -> str:
+    """vLLM's fastest dtype on this CPU, the one Prism's targets compare with: bfloat16 where the CPU
+    has bf16 dot products (AVX-512 BF16 or AMX), float32 elsewhere, where vLLM's bf16 is emulated
+    (measured with prefix caching on (a): AVX2 2026-11-30, bf16 17.6 s and fp32 3.5 s; AVX-512 VNNI
+    without BF16, an Intel Xeon (Ice Lake), 2026-12-06: docs/results.md)."""
+    from kernels.cpu.features import cpu_has_bf16_itself
+
+    return "bfloat16" if cpu_has_bf16_itself() else "float32"
 
 
 def run_vllm(calls: list[list[tuple]], prefix_caching: bool, model_dir: Path, dtype: str = "bfloat16") -> dict:

@@ -133,11 +133,14 @@ def test_peer_sessions_name_the_peers_the_targets_read(tmp_path, monkeypatch):
     import side_by_side
 
     monkeypatch.setattr(side_by_side, "LLAMA_PYTHON", tmp_path / "absent")
-    sessions = side_by_side.peer_sessions(tmp_path, tmp_path, tmp_path / "m.gguf", vllm=True, vllm_fp32=True)
+    sessions = side_by_side.peer_sessions(tmp_path, tmp_path, tmp_path / "m.gguf", vllm=True, other_dtype="float32")
     assert list(sessions) == ["vLLM bf16 prefix on", "vLLM bf16 prefix off", "vLLM fp32 prefix on",
                               side_by_side.W8A8_LABEL]
     assert list(side_by_side.peer_sessions(tmp_path, tmp_path / "absent", tmp_path, vllm=True)) == [
         "vLLM bf16 prefix on", "vLLM bf16 prefix off"]
+    # where vLLM's fastest dtype is fp32 (no bf16 dot products): the targets' labels name it
+    assert list(side_by_side.peer_sessions(tmp_path, tmp_path / "absent", tmp_path, vllm=True, dtype="float32")) == [
+        "vLLM fp32 prefix on", "vLLM fp32 prefix off"]
     assert side_by_side.peer_sessions(tmp_path, tmp_path, tmp_path, vllm=False) == {}
 
 
@@ -212,23 +215,23 @@ def test_the_eval_subset_scores_every_engine_against_prism_fp32(model_dir, tmp_p
 
     seen = []
 
-    def uniform_vllm(calls, prefix_caching, checkpoint):  # a unit-test stand-in for vLLM's driver
-        seen.append((checkpoint, calls))
+    def uniform_vllm(calls, prefix_caching, checkpoint, dtype):  # a unit-test stand-in for vLLM's driver
+        seen.append((checkpoint, calls, dtype))
         return {"probabilities": [[1 / len(c)] * len(c) for _, c in calls[0]]}
 
     monkeypatch.setattr(side_by_side, "run_vllm", uniform_vllm)
     w8a8 = tmp_path / "w8a8"
     w8a8.mkdir()
-    rows = side_by_side.eval_subset(model_dir, 1, True, w8a8)
+    rows = side_by_side.eval_subset(model_dir, 1, True, w8a8, dtype="float32")  # vLLM's dtype where no bf16
 
     fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), load(1), return_prompt_ids=True)
     errors = [max(abs(1 / len(d["probabilities"]) - p) for p in d["probabilities"].values()) for d in fp32]
-    assert [c for c, _ in seen] == [model_dir, w8a8]
-    for _, calls in seen:
+    assert [(c, d) for c, _, d in seen] == [(model_dir, "float32"), (w8a8, "float32")]
+    for _, calls, _ in seen:
         assert calls == [[(d["prompt_ids"], d["candidate_ids"]) for d in fp32]]
     assert rows["Prism fp32"] == {"decisions": len(fp32), "accuracy": rows["Prism fp32"]["accuracy"],
                                   "agreement": 1.0, "mean_err": 0.0, "max_err": 0.0}
-    for name in ("vLLM bf16", "vLLM W8A8 (llm-compressor)"):
+    for name in ("vLLM fp32", "vLLM W8A8 (llm-compressor)"):
         assert rows[name]["mean_err"] == pytest.approx(np.mean(errors), abs=1e-6)
         assert rows[name]["max_err"] == pytest.approx(max(errors), abs=1e-6)
     assert 0 < rows["Prism int8 (default)"]["mean_err"] < 0.05

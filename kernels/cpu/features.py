@@ -147,3 +147,10 @@ def cpu_model() -> str:
 def machine() -> str:
     """Kind and model in one phrase, for the header of a result."""
     return f"{cpu_kind()} ({cpu_model()})"
+
+
+def cpu_has_bf16_itself() -> bool:
+    """Whether the CPU itself has bf16 dot products (AVX-512 BF16 or AMX-BF16; its own flags, whatever
+    PRISM_CPU_ISA caps): where torch's and vLLM's bf16 run natively rather than emulated."""
+    line = _cpuinfo("flags")
+    return line is not None and not {"avx512_bf16", "amx_bf16"}.isdisjoint(line.split())
