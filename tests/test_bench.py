@@ -226,7 +226,7 @@ def test_the_eval_subset_scores_every_engine_against_prism_fp32(model_dir, tmp_p
 
     fp32 = run_engine(EngineConfig(model_dir=model_dir, precision="fp32"), load(1), return_prompt_ids=True)
     errors = [max(abs(1 / len(d["probabilities"]) - p) for p in d["probabilities"].values()) for d in fp32]
-    assert [(c, d) for c, _, d in seen] == [(model_dir, "float32"), (w8a8, "float32")]
+    assert [(c, d) for c, _, d in seen] == [(model_dir, "float32"), (w8a8, "bfloat16")]
     for _, calls, _ in seen:
         assert calls == [[(d["prompt_ids"], d["candidate_ids"]) for d in fp32]]
     assert rows["Prism fp32"] == {"decisions": len(fp32), "accuracy": rows["Prism fp32"]["accuracy"],
