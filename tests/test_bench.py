@@ -128,6 +128,21 @@ def test_the_amx_plan_section_reports_its_rounds_against_vllm_bf16():
     assert amx_plan_section({}) == ([], {})
 
 
+def test_vllm_runs_in_its_fastest_dtype_for_the_cpu(monkeypatch):
+    """bf16 where the CPU itself has bf16 dot products (AVX-512 BF16 or AMX-BF16), fp32 where vLLM would
+    emulate bf16 (AVX2, Ice Lake's AVX-512 VNNI); PRISM_CPU_ISA, which caps Prism's kernels, does not
+    change vLLM's dtype."""
+    import vllm_driver
+    from kernels.cpu import features
+
+    monkeypatch.setenv("PRISM_CPU_ISA", "avx2")
+    for flags, dtype in (("fpu avx2 fma", "float32"), ("fpu avx2 avx512f avx512bw avx512_vnni", "float32"),
+                         ("fpu avx512f avx512_vnni avx512_bf16", "bfloat16"), ("fpu avx512f amx_tile amx_bf16", "bfloat16"),
+                         (None, "float32")):
+        monkeypatch.setattr(features, "_cpuinfo", lambda field, flags=flags: flags)
+        assert vllm_driver.fastest_dtype() == dtype, flags
+
+
 def test_peer_sessions_name_the_peers_the_targets_read(tmp_path, monkeypatch):
     """The sessions' labels are the ones write_report's ratio targets look up; nothing starts until called."""
     import side_by_side
