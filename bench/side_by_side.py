@@ -405,7 +405,7 @@ def throughput_in_turn(prism_send, prism_pid: int, prism_base: int, ids, concurr
             before = tree_cpu_seconds(prism_pid)
             vllm.append(throughput(server.send, c, requests))
             idle["Prism's server while vLLM's ran"] += tree_cpu_seconds(prism_pid) - before
-        memory[f"vLLM server {DTYPE_NAMES[dtype]} prefix on (server processes)"] = process_tree_rss(server.proc.pid)
+        memory[vllm_server_label(dtype) + " (server processes)"] = process_tree_rss(server.proc.pid)
     finally:
         server.stop()
     return prism, vllm, idle

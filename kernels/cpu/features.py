@@ -52,14 +52,20 @@ def _cpuinfo(field: str) -> str | None:
         return None
 
 
+def _own_flags() -> frozenset[str] | None:
+    """The CPU's own feature flags from /proc/cpuinfo, whatever PRISM_CPU_ISA caps; None where they
+    cannot be read (not Linux x86)."""
+    line = _cpuinfo("flags")
+    return None if line is None else frozenset(line.split())
+
+
 @functools.cache  # read once per process: the 8-bit kernel's callers ask on every call
 def cpu_flags() -> frozenset[str] | None:
     """The CPU's feature flags from /proc/cpuinfo (without AVX-512 ones under PRISM_CPU_ISA=avx2),
     or None where they cannot be read (not Linux x86)."""
-    line = _cpuinfo("flags")
-    if line is None:
+    flags = _own_flags()
+    if flags is None:
         return None
-    flags = frozenset(line.split())
     if _isa_cap() == "avx2":
         flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
     return flags
@@ -134,8 +140,13 @@ def torch_below_cpu() -> bool:
 
 def cpu_has_avx512_itself() -> bool:
     """Whether the CPU itself has AVX-512 (its own flags, whatever PRISM_CPU_ISA caps)."""
-    line = _cpuinfo("flags")
-    return line is not None and "avx512f" in line.split()
+    return "avx512f" in (_own_flags() or ())
+
+
+def cpu_has_bf16_itself() -> bool:
+    """Whether the CPU itself has bf16 dot products (AVX-512 BF16 or AMX-BF16; its own flags, whatever
+    PRISM_CPU_ISA caps): where torch's and vLLM's bf16 run natively rather than emulated."""
+    return not {"avx512_bf16", "amx_bf16"}.isdisjoint(_own_flags() or ())
 
 
 def cpu_model() -> str:
@@ -147,10 +158,3 @@ def cpu_model() -> str:
 def machine() -> str:
     """Kind and model in one phrase, for the header of a result."""
     return f"{cpu_kind()} ({cpu_model()})"
-
-
-def cpu_has_bf16_itself() -> bool:
-    """Whether the CPU itself has bf16 dot products (AVX-512 BF16 or AMX-BF16; its own flags, whatever
-    PRISM_CPU_ISA caps): where torch's and vLLM's bf16 run natively rather than emulated."""
-    line = _cpuinfo("flags")
-    return line is not None and not {"avx512_bf16", "amx_bf16"}.isdisjoint(line.split())
