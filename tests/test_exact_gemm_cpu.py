@@ -50,8 +50,9 @@ def test_the_kernel_builds_on_this_machine():
     assert exact_gemm.load() is not None, exact_gemm.why_not()
 
 
+# n: panels of 16 in tiles of 4 on vnni16 -- whole tiles (576, 192) and a last tile of 1, 2 or 3 (1537, 17, 40)
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (5, 577, 17), (6, 2, 16), (7, 1536, 192), (37, 1100, 1537),
-                                     (13, 31, 3)])
+                                     (13, 31, 3), (11, 577, 40)])
 @pytest.mark.parametrize("passes", [(1, 1), (2, 2), (2, 1), (1, 2)])
 def test_exact_at_the_bounds(m, k, n, passes, vnni):
     xb, wb = int_bound(passes[0]), int_bound(passes[1])
@@ -318,14 +319,14 @@ def test_8_bit_kernel_swiglu_epilogue_is_swiglu_of_its_output(m, bias):
     the unpacked weight are W's own, in W's column order."""
     from kernels.cpu import rowwise
 
-    x, w = extreme_integers(760, 577, 2 * 96, 127, 127, seed=m)
+    x, w = extreme_integers(760, 577, 2 * 112, 127, 127, seed=m)  # 7 panels: tiles of 2 and a last one of 1
     gen = torch.Generator().manual_seed(m)
-    x_scale, w_scale = torch.rand(760, 1, generator=gen) * 1e-2, torch.rand(2 * 96, generator=gen) * 1e-3
+    x_scale, w_scale = torch.rand(760, 1, generator=gen) * 1e-2, torch.rand(2 * 112, generator=gen) * 1e-3
     w_scale[:8] = 1.0  # large gate values: exp's clamped range
-    b = torch.randn(2 * 96, generator=gen) if bias else None
+    b = torch.randn(2 * 112, generator=gen) if bias else None
     plain, glu = PackedWeight8(w), PackedWeight8(w, glu=True)
     assert torch.equal(glu.unpacked(), plain.unpacked())
-    residual = torch.randn(760, 2 * 96, generator=gen)
+    residual = torch.randn(760, 2 * 112, generator=gen)
     assert torch.equal(glu.matmul(x, 127, x_scale, w_scale, b, residual), plain.matmul(x, 127, x_scale, w_scale, b, residual))
     with torch_threads(1):
         expected = rowwise.swiglu(plain.matmul(x, 127, x_scale, w_scale, b))

@@ -268,14 +268,15 @@ inline void int16_products(const int16_t* x, int m, int kpairs, const int32_t* w
 // one product here, where the digit routes take four 8-bit ones (2 x 2 base-128 digits). Non-saturating,
 // like vpmaddwd + vpaddd, and the runs (plan_runs) keep every lane within int32 exactly as there; the
 // lanes are widened to float64 at the end of each run. Integer sums, so the same bits as every route.
-constexpr int MR16 = 6;  // rows per tile: 6 rows x 2 panels = 12 zmm accumulators, 2 weight registers
+constexpr int MR16 = 6;  // rows per tile: 6 rows x 4 panels = 24 zmm accumulators, 4 weight registers
+constexpr int P16 = 4;   // panels per tile
 
 template <int R, int P>
 PRISM_VNNI inline void tile16(const Operand& a, const int16_t* panel, long panel_stride, int row, int col,
                               int ncols, const Epilogue& e) {
   const int16_t* x = a.x + row * a.ldx;
   const long ldx = a.ldx;
-  alignas(64) double c[R][2 * NR] = {};
+  alignas(64) double c[R][P * NR] = {};
   const int tile_index = row / MR16;  // tiles start at multiples of MR16 (row blocks are multiples of MR16)
   const int* ends = a.run_ends + (long)tile_index * a.blocks;
   for (int run = 0, k0 = 0, k1; run < a.run_count[tile_index]; ++run, k0 = k1) {
@@ -327,7 +328,7 @@ PRISM_VNNI inline void rows16(const Operand& a, const int16_t* panel, long panel
 // exact) leaves X @ W. No run can overflow: |lane| <= 4 * kquads * 255 * 127 < 2^31 for K < 66,000
 // (checked by the caller). Integers, so exact in any order: rows, tiles and threads change no bit.
 constexpr int NR8 = 32;  // columns per panel: two 16-lane int32 accumulators per row
-constexpr int MR8 = 8;   // rows per tile: 16 accumulators + 2 weight registers of AVX-512's 32
+constexpr int MR8 = 6;   // rows per tile, over two panels (tile8)
 
 // The SwiGLU epilogue of one row of a panel: gate and up, the corrected int32 sums of its two 16-column
 // halves, dequantised by store16's operations ((float)((sum * x_scale) * w_scale) + bias, 8 lanes per
@@ -350,41 +351,53 @@ PRISM_VNNI inline void glu16(__m512i gate, __m512i up, int row, int col, const E
   _mm512_storeu_ps(static_cast<float*>(e.out) + (long)row * (e.n / 2) + col / 2, avx512::silu_times(g, u));
 }
 
-template <int R>
-PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_t* panel, const int32_t* corr,
-                             int row, int col, int ncols, const Epilogue& e) {
-  __m512i acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+// R rows by P panels (P <= 2): 2 P int32 accumulators a row, the panels' P k-quad rows (2 P weight
+// registers) loaded once a k-step for the R rows. Six rows by two panels (24 accumulators, 4 weight
+// registers, one broadcast: 29 of AVX-512's 32) load 10 registers per 24 products where eight rows by
+// one panel loaded 10 per 16, and write each output row's 64 columns (four lines) at once.
+template <int R, int P>
+PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_t* panel, long panel_stride,
+                             const int32_t* corr, int row, int col, int ncols, const Epilogue& e) {
+  __m512i acc[R][2 * P];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2 * P; ++h) acc[r][h] = _mm512_setzero_si512();
   const uint8_t* xr = x + (long)row * ldx;
   for (int kq = 0; kq < kquads; ++kq) {
-    const __m512i b0 = _mm512_loadu_si512(panel + (long)kq * 4 * NR8);
-    const __m512i b1 = _mm512_loadu_si512(panel + (long)kq * 4 * NR8 + 64);
+    __m512i b[2 * P];  // panel p's k-quad kq: its 32 columns x 4 bytes in two registers
+    for (int p = 0; p < P; ++p) {
+      b[2 * p] = _mm512_loadu_si512(panel + p * panel_stride + (long)kq * 4 * NR8);
+      b[2 * p + 1] = _mm512_loadu_si512(panel + p * panel_stride + (long)kq * 4 * NR8 + 64);
+    }
     for (int r = 0; r < R; ++r) {
       int32_t quad;
       memcpy(&quad, xr + r * ldx + 4 * kq, sizeof quad);
       const __m512i a = _mm512_set1_epi32(quad);
-      acc[r][0] = dpbusd(acc[r][0], a, b0);
-      acc[r][1] = dpbusd(acc[r][1], a, b1);
+      for (int h = 0; h < 2 * P; ++h) acc[r][h] = dpbusd(acc[r][h], a, b[h]);
     }
   }
   if (e.swiglu) {  // whole panels only (the caller checks n % 32 == 0)
-    const __m512i c0 = _mm512_loadu_si512(corr + col), c1 = _mm512_loadu_si512(corr + col + 16);
-    for (int r = 0; r < R; ++r)
-      glu16(_mm512_sub_epi32(acc[r][0], c0), _mm512_sub_epi32(acc[r][1], c1), row + r, col, e);
+    for (int p = 0; p < P; ++p) {
+      const int pcol = col + p * NR8;
+      const __m512i c0 = _mm512_loadu_si512(corr + pcol), c1 = _mm512_loadu_si512(corr + pcol + 16);
+      for (int r = 0; r < R; ++r)
+        glu16(_mm512_sub_epi32(acc[r][2 * p], c0), _mm512_sub_epi32(acc[r][2 * p + 1], c1), row + r, pcol, e);
+    }
     return;
   }
   for (int r = 0; r < R; ++r)  // straight from the registers (store16: store_row's operations, 16 lanes)
-    for (int h = 0; h < 2 && 16 * h < ncols; ++h)
+    for (int h = 0; h < 2 * P && 16 * h < ncols; ++h)
       store16(_mm512_sub_epi32(acc[r][h], _mm512_loadu_si512(corr + col + 16 * h)), row + r, col + 16 * h,
               ncols - 16 * h, e);
 }
 
-template <int R>
-PRISM_VNNI void rows8(const uint8_t* x, long ldx, int kquads, const int8_t* panel, const int32_t* corr, int row,
-                      int col, int ncols, int m, const Epilogue& e) {
-  if constexpr (R > 0) {
-    if (m == R) return tile8<R>(x, ldx, kquads, panel, corr, row, col, ncols, e);
-    rows8<R - 1>(x, ldx, kquads, panel, corr, row, col, ncols, m, e);
+// Rows r0..r1-1 of one group of P panels: whole tiles, then the last tile's rows (fewer than MR8).
+template <int R, int P>
+PRISM_VNNI void rows8(const uint8_t* x, long ldx, int kquads, const int8_t* panel, long panel_stride,
+                      const int32_t* corr, int r0, int r1, int col, int ncols, const Epilogue& e) {
+  int r = r0;
+  for (; r + R <= r1; r += R) tile8<R, P>(x, ldx, kquads, panel, panel_stride, corr, r, col, ncols, e);
+  if constexpr (R > 1) {
+    if (r < r1) rows8<R - 1, P>(x, ldx, kquads, panel, panel_stride, corr, r, r1, col, ncols, e);
   }
 }
 
@@ -424,17 +437,19 @@ PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int
                                   int n, int block, const float* x_scale, const float* w_scale, const float* bias,
                                   const float* residual, void* out, int threads) {
   const Epilogue e{x_scale, w_scale, bias, residual, out, n};
-  const int panels = (n + NR - 1) / NR, pairs = (panels + 1) / 2;
+  const int panels = (n + NR - 1) / NR, groups = (panels + P16 - 1) / P16;
   const long panel_stride = (long)kpairs * 2 * NR;
   auto group = [&](const Operand& a, int g, int r0, int r1) PRISM_VNNI {
-    const int16_t* panel = packed + 2L * g * panel_stride;
-    const int col = 2 * g * NR, ncols = n - col < 2 * NR ? n - col : 2 * NR;
-    if (2 * g + 1 < panels)
-      rows16<MR16, 2>(a, panel, panel_stride, r0, r1, col, ncols, e);
-    else
-      rows16<MR16, 1>(a, panel, panel_stride, r0, r1, col, ncols, e);
+    const int16_t* panel = packed + (long)P16 * g * panel_stride;
+    const int col = P16 * g * NR, ncols = n - col < P16 * NR ? n - col : P16 * NR;
+    switch (panels - P16 * g < P16 ? panels - P16 * g : P16) {
+      case 4: return rows16<MR16, 4>(a, panel, panel_stride, r0, r1, col, ncols, e);
+      case 3: return rows16<MR16, 3>(a, panel, panel_stride, r0, r1, col, ncols, e);
+      case 2: return rows16<MR16, 2>(a, panel, panel_stride, r0, r1, col, ncols, e);
+      default: return rows16<MR16, 1>(a, panel, panel_stride, r0, r1, col, ncols, e);
+    }
   };
-  int16_products<MR16>(x, m, kpairs, wmax, block, pairs, threads, group);
+  int16_products<MR16>(x, m, kpairs, wmax, block, groups, threads, group);
 }
 
 // x: (m, 4*kquads) uint8, the activations + 128 (prism_quantize_rows_u8); packed: (ceil(n/32), kquads, 32, 4)
@@ -445,16 +460,17 @@ PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8
                                  void* out, int threads, int swiglu) {
   // swiglu: n % 32 == 0, panels packed gate / up (PackedWeight8(glu=True)), scales and no residual
   const Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
-  const int panels = (n + NR8 - 1) / NR8;
-  const long ldx = 4L * kquads;
+  const int panels = (n + NR8 - 1) / NR8, pairs = (panels + 1) / 2;
+  const long ldx = 4L * kquads, panel_stride = (long)kquads * 4 * NR8;
   const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;
 #pragma omp parallel num_threads(threads)
-  by_thread_rows(m, MR8, row_block, panels, [&](int p, int r0, int r1) PRISM_VNNI {
-    const int8_t* panel = packed + (long)p * kquads * 4 * NR8;
-    const int col = p * NR8, ncols = n - col < NR8 ? n - col : NR8;
-    int r = r0;
-    for (; r + MR8 <= r1; r += MR8) tile8<MR8>(x, ldx, kquads, panel, corr, r, col, ncols, e);
-    if (r < r1) rows8<MR8 - 1>(x, ldx, kquads, panel, corr, r, col, ncols, r1 - r, e);
+  by_thread_rows(m, MR8, row_block, pairs, [&](int g, int r0, int r1) PRISM_VNNI {
+    const int8_t* panel = packed + 2L * g * panel_stride;
+    const int col = 2 * g * NR8, ncols = n - col < 2 * NR8 ? n - col : 2 * NR8;
+    if (2 * g + 1 < panels)
+      rows8<MR8, 2>(x, ldx, kquads, panel, panel_stride, corr, r0, r1, col, ncols, e);
+    else
+      rows8<MR8, 1>(x, ldx, kquads, panel, panel_stride, corr, r0, r1, col, ncols, e);
   });
 }
 
