@@ -140,7 +140,9 @@ class EngineConfig:
     # An idle decision step waits up to this long after a request arrives for the requests sent with
     # it: they arrive a few ms apart, each after its own tokenizer step (measured on (b), 3 tickets
     # sent at once: all three within 2-6 ms; without waiting, the first was scored alone and the
-    # other two after it). 0 = start at once.
+    # other two after it). Each request arriving within the window stretches it to gather_ms after
+    # its own arrival, up to scheduler.GATHER_SPAN windows after the first (three long materials
+    # arrive further apart: their tokenizer steps run one after another). 0 = start at once.
     gather_ms: float = 8.0
 
     def __post_init__(self):

@@ -8,7 +8,8 @@ import pytest
 
 import numpy as np
 
-from prism_backend.serving.scheduler import BACKSTOP_GRACE, Rejection, Scheduler, Ticket, new_rows, shared_rows
+from prism_backend.serving.scheduler import (BACKSTOP_GRACE, GATHER_SPAN, Rejection, Scheduler, Ticket, new_rows,
+                                             shared_rows)
 
 
 class SlowEngine:
@@ -235,6 +236,41 @@ def test_gathering_waits_for_the_group_it_found_last():
     assert time.monotonic() - start < 1.0  # on e's arrival, not at the 2 s window's end
     engine.release.release()
     assert engine.batches == [["a"], ["b"], ["c"], ["d", "e"]]
+    scheduler.stop()
+
+
+def test_a_request_arriving_within_the_window_stretches_it():
+    """Three requests 0.6 s apart with a 1 s window: the third arrives after the first's window but
+    within the second's, so the three form one batch; without the stretch the third ran alone."""
+    engine = SlowEngine(seconds=0.0)
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=8, bound_s=60, gather_s=1.0).start()
+    scheduler.submit("x")
+    time.sleep(0.6)
+    scheduler.submit("y")
+    time.sleep(0.6)
+    scheduler.submit("z")
+    wait_until(lambda: sum(map(len, engine.batches)) == 3)
+    assert engine.batches == [["x", "y", "z"]]
+    scheduler.stop()
+
+
+def test_a_stretched_window_ends_at_its_span():
+    """Requests every 0.3 s, each within the 0.5 s window of the one before: the window stops
+    stretching GATHER_SPAN windows (2 s) after the first request, and the requests after that form
+    the next batch."""
+    engine = SlowEngine(seconds=0.0)
+    scheduler = Scheduler(engine.run_batch, engine.reject, max_batch_size=16, bound_s=60, gather_s=0.5).start()
+    start = time.monotonic()
+    sent = []
+    for i in range(10):  # 0, 0.3, ..., 2.7 s
+        scheduler.submit(i)
+        sent.append(time.monotonic() - start)
+        time.sleep(0.3)
+    wait_until(lambda: sum(map(len, engine.batches)) == 10)
+    first = engine.batches[0]
+    assert first == list(range(len(first)))
+    assert all(sent[i] <= GATHER_SPAN * 0.5 for i in first)  # no request after the span joined it
+    assert len(first) >= 5 and len(engine.batches) >= 2  # ~7 arrived within it (timing slack on a busy CI)
     scheduler.stop()
 
 

@@ -25,7 +25,11 @@ never waits for the instance and never holds a queue, and the queue lives here, 
   gathering  an idle engine does not start on the first request at once: it waits up to
              `gather_s` from that request's arrival for others sent with it (requests a client sends
              together reach this step a few ms apart, each after its own tokenizer step), unless
-             the batch is full first. A request that queued while a batch ran has waited already:
+             the batch is full first. Each request that arrives within the window stretches it to
+             `gather_s` after its own arrival, up to GATHER_SPAN windows after the first: the
+             tokenizer steps run one after another, so the last of three long materials can reach
+             this step more than `gather_s` after the first while each came within it of the one
+             before. A request that queued while a batch ran has waited already:
              no gathering then; nor for an urgent request (its batch counts as full at once).
              The window ends early once as many requests are there as came within the last one
              (counting those that arrived after its batch had started, within the window or while
@@ -55,6 +59,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 EWMA_WEIGHT = 0.3  # weight of the newest batch in the seconds-per-request average
+# A gathering window stretched by requests arriving within it ends at most this many gather_s after
+# its first request. Before the stretch, with gather_s = 8 ms, three ~400-word materials sent
+# together through tritonserver (bench/side_by_side.py's (c) sweep at 25% shared) went in two batches
+# in 6 of 7 rounds -- the last one reached the decision step more than 8 ms after the first, their
+# tokenizer steps one after another -- and in one batch every round with gather_s = 20 ms (Intel
+# Xeon, Ice Lake, 2026-12-06). A trickle of requests each within gather_s of the last cannot hold the
+# first longer than this.
+GATHER_SPAN = 4
 # The scheduler plans answers within this share of the bound: the rest is for the steps around its
 # queue (tokenizer, postprocess, the front, the network) and for batches that run longer than the
 # average under contention. Measured with a 10 s bound, 64 callers retrying at once for 60 s (bench/
@@ -123,10 +135,10 @@ class Scheduler:
         self._lanes = {True: deque(), False: deque()}  # urgent, bulk: Tickets in arrival order
         self._running: tuple[float, int] | None = None  # (start, requests) of the batch being scored
         # gathering (see the module docstring): requests the window waits for, learned from the last
-        # one (bulk requests within gather_s of its first arrival or while its batch runs), that
-        # first arrival while submit() may still count late ones into it, and whether its batch runs
+        # one (bulk requests within it or while its batch runs), that window's end while submit()
+        # may still count late ones into it, and whether its batch runs
         self._group = max_batch_size if gather_s > 0 else 1
-        self._window_start: float | None = None
+        self._window_end_at: float | None = None
         self._window_batch_running = False
         self._idle_since = -math.inf  # clock() when the last batch ended
         self._stopping = False
@@ -183,11 +195,11 @@ class Scheduler:
                     f"overloaded: a {lane} request now would wait about {answered_in:.1f} s for its answer "
                     f"({self._ahead(urgent)} queued ahead of it), more than the {self.bound_s:g} s bound allows "
                     f"(prism serve --max-queue-wait-s); retry after {retry} s"), retry, urgent)
-            if not urgent and self._window_start is not None:
-                if now - self._window_start <= self.gather_s or self._window_batch_running:
+            if not urgent and self._window_end_at is not None:
+                if now <= self._window_end_at or self._window_batch_running:
                     self._group = min(self._group + 1, self.max_batch_size)  # sent with the last window's, late
                 else:
-                    self._window_start = None
+                    self._window_end_at = None
             self._lanes[urgent].append(Ticket(item, urgent, now, rows, prefix))
             self._cond.notify()
             return None
@@ -257,8 +269,7 @@ class Scheduler:
             if self._stopping:  # stop() has answered what was queued
                 return None
             picked, full = self._pick()
-            first = min(lane[0].arrived for lane in self._lanes.values() if lane)
-            left = first + self.gather_s - self.clock()
+            left = self._window_end() - self.clock()
             if full or left <= 0 or len(picked) >= self._group:
                 break
             self._cond.wait(left)
@@ -276,16 +287,29 @@ class Scheduler:
         self._window_batch_running = self._window_batch_running and bool(batch)
         return batch, overdue
 
+    def _window_end(self) -> float:
+        """Under the lock, with requests queued: when the gathering window closes -- gather_s after
+        the first queued request's arrival, stretched to gather_s after each bulk request that
+        arrived within it (in arrival order), at most GATHER_SPAN gather_s after the first."""
+        first = min(lane[0].arrived for lane in self._lanes.values() if lane)
+        end, cap = first + self.gather_s, first + GATHER_SPAN * self.gather_s
+        for ticket in self._lanes[False]:
+            if ticket.arrived > end:
+                break
+            end = min(max(end, ticket.arrived + self.gather_s), cap)
+        return end
+
     def _learn_from_gathering(self, picked: list[Ticket]) -> None:
         """Under the lock, as a bulk batch that an idle engine starts is formed (one of requests that
         queued behind a batch, or an urgent one, which never gathers, says nothing about groups):
-        the bulk requests within gather_s of its first are the group the next window waits for;
-        submit() adds those that arrive later within it or while the batch formed now runs."""
+        the bulk requests within its window are the group the next window waits for; submit() adds
+        those that arrive later within it or while the batch formed now runs."""
         first = picked[0]
         if first.urgent or first.arrived < self._idle_since:
             return
-        self._group = sum(1 for t in self._lanes[False] if t.arrived - first.arrived <= self.gather_s)
-        self._window_start = first.arrived
+        end = self._window_end()
+        self._group = sum(1 for t in self._lanes[False] if t.arrived <= end)
+        self._window_end_at = end
         self._window_batch_running = True  # until _serve() ends the batch formed now
 
     def _serve(self) -> None:
