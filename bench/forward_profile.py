@@ -49,6 +49,7 @@ def timed(name: str, fn):
         finally:
             totals[name] += time.perf_counter() - start
     wrapper.fuses_swiglu = getattr(fn, "fuses_swiglu", False)  # the decoder asks gate_up (transformer.py)
+    wrapper.fuses_rotary = getattr(fn, "fuses_rotary", False)  # ... and qkv
     return wrapper
 
 

@@ -71,7 +71,7 @@ def raw_product(x: torch.Tensor, packed: PackedWeight, block: int, row_max: torc
     lib = exact_gemm.load()
     kernel = lib.prism_vnni16_gemm if packed.vnni else lib.prism_int16_gemm
     kernel(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(), row_max.data_ptr(), packed.n, block, None, None,
-           None, None, out.data_ptr(), 1)
+           None, None, out.data_ptr(), 1, None, None, 0)
     return out
 
 
@@ -346,6 +346,53 @@ def test_the_swiglu_epilogue_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="no residual"):
         PackedWeight8(torch.ones(8, 64), glu=True).matmul(x, 127, scale, torch.ones(64), None, torch.ones(2, 64),
                                                           swiglu=True)
+
+
+# ---- the rotary epilogue of the VNNI tiles (vnni8, vnni16): a qkv projection's queries and keys ----
+
+@needs_vnni
+@pytest.mark.parametrize("kernel", ["vnni8", "vnni16"])
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 760])
+def test_the_rotary_epilogue_is_rowwise_rotary_of_the_output(kernel, m):
+    """With rotary, the first columns' heads of 64 come out as rowwise.rotary of the plain output (the
+    bits of the separate pass after the product), the other columns untouched, at any rows and 1-4
+    threads; qkv's shape (15 heads of 64: 9 query, 3 key, 3 value) with a bias, as Qwen2's."""
+    from kernels.cpu import rowwise
+    from kernels.cpu.prologues import Rotary
+
+    bound = 127 if kernel == "vnni8" else int_bound(2)
+    x, w = extreme_integers(760, 577, 960, bound, bound, seed=m)
+    gen = torch.Generator().manual_seed(m)
+    x_scale, w_scale = torch.rand(760, 1, generator=gen) * 1e-2, torch.rand(960, generator=gen) * 1e-3
+    bias = torch.randn(960, generator=gen)
+    angles = torch.rand(760, 32, generator=gen) * 100
+    cos, sin = torch.cat([angles.cos()] * 2, dim=1), torch.cat([angles.sin()] * 2, dim=1)  # (760, 64)
+    packed = PackedWeight8(w) if kernel == "vnni8" else PackedWeight(w, bound, vnni=True)
+    with torch_threads(1):
+        plain = packed.matmul(x, bound, x_scale, w_scale, bias)
+    expected = plain.clone()
+    expected[:, :768] = rowwise.rotary(plain[:, :768].reshape(760, 12, 64), cos, sin).reshape(760, 768)
+    assert not torch.equal(expected[:, :768], plain[:, :768]) and torch.equal(expected[:, 768:], plain[:, 768:])
+    for threads in (1, 2, 3, 4):
+        with torch_threads(threads):
+            got = packed.matmul(x[:m], bound, x_scale[:m], w_scale, bias,
+                                rotary=Rotary(cos[:m].contiguous(), sin[:m].contiguous(), 768))
+        assert torch.equal(got, expected[:m]), threads
+
+
+@needs_vnni
+def test_the_rotary_epilogue_refuses_what_it_cannot_do():
+    from kernels.cpu.prologues import Rotary
+
+    x, scale, cos = torch.ones(2, 8), torch.ones(2, 1), torch.ones(2, 64)
+    with pytest.raises(ValueError, match="heads of 64"):  # not whole heads
+        PackedWeight8(torch.ones(8, 128)).matmul(x, 127, scale, torch.ones(128), rotary=Rotary(cos, cos, 96))
+    with pytest.raises(ValueError, match="heads of 64"):  # raw sums: nothing to rotate
+        PackedWeight8(torch.ones(8, 128)).matmul(x, 127, rotary=Rotary(cos, cos, 64))
+    with pytest.raises(ValueError, match="without glu"):
+        PackedWeight8(torch.ones(8, 128), glu=True).matmul(x, 127, scale, torch.ones(128), rotary=Rotary(cos, cos, 64))
+    with pytest.raises(ValueError, match="no rotary epilogue"):
+        PackedWeight(torch.ones(8, 128), 127).matmul(x, 127, scale, torch.ones(128), rotary=Rotary(cos, cos, 64))
 
 # ---- the int_mm route: torch._int_mm on base-128 digits, the library's quantiser and epilogue ----
 # (sizes stay small: without VNNI torch._int_mm is a plain loop)

@@ -132,6 +132,20 @@ def test_the_default_decisions_match_the_golden_digests(int8_pipeline):
     assert decision_digests(int8_pipeline) == golden["int8"]
 
 
+def test_qkv_rotates_in_its_epilogue_where_it_can_with_the_bits_of_the_separate_pass(int8_pipeline, monkeypatch):
+    """Where qkv's route is a VNNI tile (vnni16 for the default on AVX-512 VNNI, vnni8 on the 8-bit
+    rung) the decoder asks it for q and k already rotated and gives attention the queries in place;
+    elsewhere (AVX2's int16, AMX, the GPU) the rotary pass runs after it. Forcing that pass here gives
+    the same decisions to the bit."""
+    from prism_backend.model.transformer import ForestTransformer
+
+    model = int8_pipeline.engine.model
+    assert model._rotary_in_qkv(model.w.layers[0], model.proj[0]) == (model.proj[0].qkv.w.route in ("vnni8", "vnni16"))
+    fused = decision_digests(int8_pipeline)
+    monkeypatch.setattr(ForestTransformer, "_rotary_in_qkv", lambda self, lw, p: False)
+    assert decision_digests(int8_pipeline) == fused
+
+
 def test_the_exact_decisions_match_the_golden_digests(fp32_config):
     from prism_backend.serving.pipeline import DecisionPipeline
     from helpers import REGISTRY

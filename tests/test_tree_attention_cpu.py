@@ -151,6 +151,29 @@ def test_the_same_bits_on_every_cpu_kind(integer):
     assert hashlib.sha256(out.numpy().tobytes()).hexdigest() == GOLDEN[integer]
 
 
+@pytest.mark.parametrize("wide", [pytest.param(False, id="avx2"), pytest.param(True, id="avx512", marks=needs("avx512_vnni"))])
+@pytest.mark.parametrize("integer", FORMS)
+def test_queries_read_in_place_from_a_wider_row_give_the_same_bits(integer, wide):
+    """q as the queries inside a qkv projection's output (rows 960 floats apart: where the VNNI tiles'
+    rotary epilogue leaves them, read in place, not copied) gives the bits of the same q contiguous,
+    on every row and on answer rows alone; the output is contiguous either way."""
+    forest, q, k, v = forest_qkv(seed=13)
+    n = q.shape[0]
+    qkv = torch.full((n, 960), float("nan"))  # the columns beyond q's must never be read
+    qkv[:, :576] = q.reshape(n, 576)
+    view = qkv[:, :576].reshape(n, 9, 64)
+    assert not view.is_contiguous() and view.stride(0) == 960
+    (key_rows, table), (answer_keys, answers) = cpu_attention_of(forest).cpu_tables
+    out = cpu_attention.tree_attention(view, k, v, key_rows, table, wide=wide, integer=integer)
+    assert out.is_contiguous()
+    assert torch.equal(out, cpu_attention.tree_attention(q, k, v, key_rows, table, wide=wide, integer=integer))
+    rows = torch.as_tensor(forest.answer_rows)
+    answer_view = qkv[rows][:, :576].reshape(-1, 9, 64)
+    assert not answer_view.is_contiguous()
+    assert torch.equal(cpu_attention.tree_attention(answer_view, k, v, answer_keys, answers, wide=wide, integer=integer),
+                       cpu_attention.tree_attention(q[rows], k, v, answer_keys, answers, wide=wide, integer=integer))
+
+
 @needs("avx512_vnni")
 @pytest.mark.parametrize("integer", FORMS)
 def test_the_avx2_instance_gives_the_avx512_instances_bits(integer):

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni, wide_lanes  # noqa: F401 (callers ask here too)
-from kernels.cpu.prologues import Prologue, RmsNorm, SwiGLU
+from kernels.cpu.prologues import ROTARY_HEAD, Prologue, RmsNorm, Rotary, SwiGLU
 
 CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
@@ -97,15 +97,16 @@ def load():
         lib.prism_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.prism_int16_gemm.restype = None
+        rotary_tail = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # cos, sin, rotary_cols (the VNNI kernels')
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
+                                         ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int] + rotary_tail
         lib.prism_vnni16_gemm.restype = None
         lib.prism_vnni16_gemm.argtypes = lib.prism_int16_gemm.argtypes
         lib.prism_quantize_rows_u8.restype = None
         lib.prism_quantize_rows_u8.argtypes = lib.prism_quantize_rows.argtypes
         lib.prism_vnni8_gemm.restype = None
         lib.prism_vnni8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int, ctypes.c_int]
+                                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int, ctypes.c_int] + rotary_tail
         lib.prism_quantize_rows_digits.restype = None
         lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
@@ -118,11 +119,12 @@ def load():
         lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
                                              ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_amx8_gemm.restype = None
-        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes  # its SwiGLU epilogue included
+        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes  # its SwiGLU epilogue included (no rotary)
         lib.prism_amx_init.restype = ctypes.c_int
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
-        lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 3
+        lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 3 + [
+            ctypes.c_long]
         lib.prism_rms_norm.restype = None
         lib.prism_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                        ctypes.c_void_p, ctypes.c_int]
@@ -275,6 +277,20 @@ def _epilogue(m: int, n: int, x_scale, w_scale, bias, residual=None) -> tuple[to
     return torch.empty(m, n, dtype=dtype), _Epilogue(m, n, x_scale, w_scale, bias, residual)
 
 
+def _rotary_arguments(rotary: Rotary | None, m: int, n: int, x_scale) -> tuple:
+    """The VNNI kernels' (cos, sin, rotary_cols) for one call, checked: (None, None, 0) without rotary."""
+    if rotary is None:
+        return None, None, 0
+    cos, sin = rotary.cos, rotary.sin
+    if x_scale is None or rotary.columns % ROTARY_HEAD or not 0 < rotary.columns <= n or \
+            cos.shape != (m, ROTARY_HEAD) or sin.shape != (m, ROTARY_HEAD) or \
+            cos.dtype != torch.float32 or sin.dtype != torch.float32 or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError(f"the rotary epilogue takes a dequantised output, heads of {ROTARY_HEAD} columns up to "
+                         f"{n}, and contiguous float32 cos, sin ({m}, {ROTARY_HEAD}); got columns {rotary.columns}, "
+                         f"cos {tuple(cos.shape)} {cos.dtype}, sin {tuple(sin.shape)} {sin.dtype}")
+    return cos.data_ptr(), sin.data_ptr(), rotary.columns
+
+
 class PackedWeight:
     """An integer weight W (K, N), |W| <= w_bound < 2^15, packed into the int16 kernel's panels: for
     the AVX2 kernel (vpmaddwd), or with `vnni` for its AVX-512 VNNI form (vpdpwssd; the same panels,
@@ -306,11 +322,13 @@ class PackedWeight:
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, rotary: Rotary | None = None) -> torch.Tensor:
         """x_int: (M, K) integer-valued, |x_int| <= x_bound, or quantize()'s int16 operand. Without
         scales -> (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) float32 ->
         (M, N) float32, the dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,), plus
-        residual (M, N) last where given (the decoder's skip connection, fused: one pass fewer)."""
+        residual (M, N) last where given (the decoder's skip connection, fused: one pass fewer).
+        rotary (the VNNI form only, with scales): then the rotary embedding of its columns' heads
+        (prologues.Rotary), the bits of rowwise.rotary on that output."""
         lib = _library()
         if not fits(x_bound, self.w_bound):
             raise ValueError(f"integers up to {x_bound} x {self.w_bound} do not fit the int16 kernel")
@@ -322,9 +340,12 @@ class PackedWeight:
             x16 = torch.nn.functional.pad(x16, (0, 1))
         x16 = x16.contiguous()
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
+        if rotary is not None and not self.vnni:
+            raise ValueError("the int16 kernel has no rotary epilogue (its VNNI form has)")
         kernel = lib.prism_vnni16_gemm if self.vnni else lib.prism_int16_gemm
         kernel(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
-               chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
+               chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(), torch.get_num_threads(),
+               *_rotary_arguments(rotary, m, self.n, x_scale))
         return out
 
 
@@ -425,13 +446,16 @@ class PackedWeight8:
 
     def matmul(self, x_int: torch.Tensor, x_bound: int = 127, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+               residual: torch.Tensor | None = None, swiglu: bool = False, rotary: Rotary | None = None) -> torch.Tensor:
         """x_int: (M, K) integer-valued, |x_int| <= x_bound <= 127, or quantize()'s uint8 operand. Without scales ->
         (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) -> (M, N) float32, the
         dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,): PackedWeight.matmul's contract.
         swiglu (a weight packed with glu; scales, no residual): -> (M, N / 2) float32, silu(gate) * up of
-        that output's two halves, in the kernel's epilogue: the bits of rowwise.swiglu applied to it."""
+        that output's two halves, in the kernel's epilogue: the bits of rowwise.swiglu applied to it.
+        rotary (the VNNI kernel only; scales, no glu): as PackedWeight.matmul's."""
         lib = _library()
+        if rotary is not None and (self.amx or self.order is not None):
+            raise ValueError("the rotary epilogue is the VNNI kernel's, on a weight packed without glu")
         if swiglu and (self.order is None or x_scale is None or residual is not None):
             raise ValueError("the SwiGLU epilogue needs a weight packed with glu=True, scales and no residual")
         if not has_avx512_vnni():
@@ -459,7 +483,8 @@ class PackedWeight8:
         if swiglu:
             out = torch.empty(m, self.n // 2, dtype=torch.float32)
         kernel(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
-               *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), int(swiglu))
+               *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), int(swiglu),
+               *_rotary_arguments(rotary, m, self.n, x_scale))
         if self.order is None or swiglu:
             return out
         ordered = torch.empty_like(out)  # columns back in W's order

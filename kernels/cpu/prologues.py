@@ -5,6 +5,10 @@ take its input as the output of one of these passes, computed row by row into a 
 and quantised from there (csrc/rowwise.cpp, prism_*_quantize_*): the float32 rows are never written
 out and read back. The same operations as the pass followed by the quantiser (rowwise.rms_norm,
 rowwise.swiglu), so the same integers and scales (tests/test_rowwise_cpu.py).
+
+Rotary is the one pass a kernel runs after its product instead: the AVX-512 VNNI tiles (PackedWeight
+with vnni, PackedWeight8 without glu) apply it to each head of 64 output columns while the tile's
+rows are still in L1 (csrc/exact_gemm.cpp rotate_head), rowwise.rotary's operations, so its bits.
 """
 from __future__ import annotations
 
@@ -37,3 +41,15 @@ class Hadamard:
 
 
 Prologue = RmsNorm | SwiGLU | Hadamard | None  # what a quantiser may be given
+
+ROTARY_HEAD = 64  # the head width of the rotary epilogue (ROTARY_HEAD in csrc/exact_gemm.cpp: one VNNI tile)
+
+
+@dataclass(frozen=True, eq=False)
+class Rotary:
+    """The output's first `columns` columns (a multiple of ROTARY_HEAD: a qkv projection's query and
+    key heads) -> rowwise.rotary of each head, row r with cos[r], sin[r]: (M, ROTARY_HEAD) float32."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    columns: int

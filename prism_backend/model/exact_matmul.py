@@ -68,7 +68,7 @@ from typing import Callable
 import torch
 
 from kernels.cpu import exact_gemm
-from kernels.cpu.prologues import Prologue
+from kernels.cpu.prologues import Prologue, Rotary
 
 from .layers import apply_prologue, library_runs_prologue
 
@@ -272,6 +272,7 @@ class ExactWeight:
         # or int_mm with the kernel library's quantiser and epilogue), or None
         self.fused = self.fp32_chunks = self.fp64 = None
         self.fuses_swiglu = False  # whether linear(swiglu=True) runs (the 8-bit kernel's SwiGLU epilogue)
+        self.fuses_rotary = False  # whether linear(rotary=...) runs (the VNNI tiles' rotary epilogue)
         if self.route == "int_mm":
             self.digits = int8_passes(w_int, weight_passes)
             if not w_int.is_cuda and exact_gemm.load() is not None:
@@ -280,9 +281,11 @@ class ExactWeight:
             self.fused = exact_gemm.AmxDigitWeight(int8_passes(w_int, weight_passes), act_passes)
         elif self.route in ("int16", "vnni16"):
             self.fused = exact_gemm.PackedWeight(w_int, self.w_bound, vnni=self.route == "vnni16")
+            self.fuses_rotary = self.route == "vnni16"
         elif self.route in ("vnni8", "amx8"):
             self.fuses_swiglu = glu and w_int.shape[1] % (2 * exact_gemm.GLU_COLUMNS) == 0
             self.fused = exact_gemm.PackedWeight8(w_int, amx=self.route == "amx8", glu=self.fuses_swiglu)
+            self.fuses_rotary = self.route == "vnni8" and not self.fuses_swiglu
         elif act_passes == weight_passes == 1:
             self.fp32_chunks = [c.float() for c in w_int.split(EXACT_FP32_K)]  # (<= 1040, N) float32
         else:
@@ -299,15 +302,19 @@ class ExactWeight:
         return self.digits
 
     def linear(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-               residual: torch.Tensor | None = None, prologue: Prologue = None, swiglu: bool = False) -> torch.Tensor:
+               residual: torch.Tensor | None = None, prologue: Prologue = None, swiglu: bool = False,
+               rotary: Rotary | None = None) -> torch.Tensor:
         """The served projection on one rank: x (M, K) float32 quantised per row to |X| <= x_bound,
         X @ W exactly, dequantised ((X @ W) * x_scale) * w_scale, rounded once, + bias (N,) (+ residual
         (M, N), last) -> (M, N) float32. A kernel with fused quantisation and epilogue does it in one
         library call (the same operations); route() times exactly this. prologue: x is the input of
         that row pass (RMSNorm, SwiGLU), which the kernel's quantiser runs in its own pass. swiglu
-        (where fuses_swiglu): -> (M, N / 2), silu(gate) * up of that output in the kernel's epilogue."""
+        (where fuses_swiglu): -> (M, N / 2), silu(gate) * up of that output in the kernel's epilogue. rotary
+        (where fuses_rotary): its columns' heads get the rotary embedding in the kernel's epilogue."""
         if swiglu and not self.fuses_swiglu:
             raise ValueError("this weight's kernel has no SwiGLU epilogue (fuses_swiglu is False)")
+        if rotary is not None and not self.fuses_rotary:
+            raise ValueError("this weight's kernel has no rotary epilogue (fuses_rotary is False)")
         if self.fused is not None and not library_runs_prologue(prologue):
             x, prologue = apply_prologue(prologue, x), None
         if self.fused is not None:
@@ -315,6 +322,8 @@ class ExactWeight:
             x_kernel, x_scale = self.fused.quantize(x, self.x_bound, prologue=prologue)
             if swiglu:
                 return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, swiglu=True)
+            if rotary is not None:
+                return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual, rotary=rotary)
             return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual)
         x_int, x_scale = quantize_rows(apply_prologue(prologue, x), self.x_bound)  # (M, K), (M, 1)
         out = dequantize(self.matmul(x_int), x_scale, w_scale, bias)

@@ -24,7 +24,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.prologues import Prologue
+from kernels.cpu.prologues import Prologue, Rotary
 
 from .exact_matmul import (PASS_BASE, ExactWeight, dequantize, int8_passes, int_bound, quantize_rows, round_to_grid,
                            symmetric_scale)
@@ -89,6 +89,8 @@ class Int8Linear:
                              glu=glu and self.group is None)
         # the CPU kernel's epilogue; kernels='triton' runs the Triton-lang GEMM even on CPU tensors
         self.fuses_swiglu = self.w.fuses_swiglu and settings.kernels != "triton"
+        # ... and its rotary epilogue (the VNNI tiles), on an unsplit projection (qkv is column-parallel)
+        self.fuses_rotary = self.w.fuses_rotary and settings.kernels != "triton" and self.group is None
         self.bias = bias
         self.kernels = settings.kernels
 
@@ -97,16 +99,21 @@ class Int8Linear:
         return quantize_rows(x, self.act_bound, None if self.group is None else self.group.all_reduce_max)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue: Prologue = None,
-                 swiglu: bool = False) -> torch.Tensor:
+                 swiglu: bool = False, rotary: Rotary | None = None) -> torch.Tensor:
         """x (M, in) float32 -> the dequantised exact product (M, out), + residual (M, out) last where
         given: the decoder's skip connection, fused into the CPU kernels' epilogue (one float32
         addition either way, so the same bits as adding it after). prologue: x is the input of that
         row pass (RMSNorm, SwiGLU), run by the CPU kernels' quantiser in its own pass (no float32
         copy of its output; the same bits), else first, as its own pass. swiglu (only where
         fuses_swiglu): -> (M, out / 2), silu(gate) * up in the kernel's epilogue, the bits of
-        layers.swiglu on the product."""
+        layers.swiglu on the product. rotary (only where fuses_rotary): the rotary embedding of its
+        columns' heads in the kernel's epilogue, the bits of layers.apply_rotary on the product."""
         if swiglu:
             return self.w.linear(x, self.w_scale, self.bias, prologue=prologue, swiglu=True)
+        if rotary is not None:
+            if not self.fuses_rotary or use_triton(self.kernels, x):
+                raise ValueError("this projection's kernel has no rotary epilogue (fuses_rotary is False)")
+            return self.w.linear(x, self.w_scale, self.bias, residual, prologue, rotary=rotary)
         if self.group is not None or use_triton(self.kernels, x):
             x = apply_prologue(prologue, x)
         if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised

@@ -17,7 +17,7 @@ import torch
 from ..config import ComputeSettings
 from ..forest import Forest
 from .attention import ForestAttention
-from kernels.cpu.prologues import Hadamard, RmsNorm, SwiGLU
+from kernels.cpu.prologues import ROTARY_HEAD, Hadamard, RmsNorm, Rotary, SwiGLU
 
 from .layers import RotaryTable, apply_rotary, rms_norm
 from .loader import LayerWeights, ModelWeights
@@ -92,18 +92,32 @@ class ForestTransformer:
         gate_up = p.gate_up(h, prologue=norm)  # (n, 2 I)
         return p.down(gate_up, residual=h, prologue=SwiGLU(block))
 
+    def _rotary_in_qkv(self, lw: LayerWeights, p: Projections) -> bool:
+        """Whether qkv's kernel applies the rotary embedding in its epilogue (the VNNI tiles: heads of
+        64 columns), which it can only where no norm of q or k (Qwen3's) comes between the two."""
+        return getattr(p.qkv, "fuses_rotary", False) and lw.q_norm is None and lw.k_norm is None and \
+            self.spec.head_dim == ROTARY_HEAD
+
     def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
         """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""
         s = self.spec
-        qkv = p.qkv(h, prologue=RmsNorm(lw.input_norm, s.rms_norm_eps))  # (n, q_dim + 2 kv_dim) of rms_norm(h)
+        norm = RmsNorm(lw.input_norm, s.rms_norm_eps)
+        fused = self._rotary_in_qkv(lw, p)
+        if fused:  # q and k come out rotated: the same bits as apply_rotary after the product
+            qkv = p.qkv(h, prologue=norm, rotary=Rotary(cos[:, 0], sin[:, 0], s.q_dim + s.kv_dim))
+        else:
+            qkv = p.qkv(h, prologue=norm)  # (n, q_dim + 2 kv_dim) of rms_norm(h)
         q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
-        q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)
+        q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)  # (read in place by attention)
         k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
-        # v in its own storage (the attention kernels copied it so anyway): as a view it would keep
-        # qkv's whole (n, q_dim + 2 kv_dim) output alive while run() holds every layer's K/V -- at
-        # 1,866 rows 7 MB a layer, 200 MB of a replica's resident memory for nothing
+        # k and v in their own storage (the attention kernels copied them so anyway): as views they
+        # would keep qkv's whole (n, q_dim + 2 kv_dim) output alive while run() holds every layer's
+        # K/V -- at 1,866 rows 7 MB a layer, 200 MB of a replica's resident memory for nothing
         v = v.reshape(-1, s.num_kv_heads, s.head_dim).contiguous()
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if fused:
+            k = k.contiguous()
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k, v = _extend(past, k, v)  # (rows so far, Hkv, D)
         attn = attention.rows(q, k, v)  # (n, Hq, D)
         h = p.o(attn.reshape(-1, s.q_dim), residual=h)  # h + o(attn)

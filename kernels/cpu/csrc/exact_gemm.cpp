@@ -58,7 +58,32 @@ struct Epilogue {
   // the 8-bit tile only: each panel's 32 columns are 16 of gate_proj and the matching 16 of up_proj
   // (exact_gemm.py packs them so); out gets silu(gate) * up of the dequantised pair (glu16)
   bool swiglu = false;
+  // the VNNI tiles only (vnni8, vnni16), float32 output: columns [0, rotary_cols) are heads of
+  // ROTARY_HEAD whose rows get the rotary embedding of cos, sin (m, ROTARY_HEAD) after the
+  // epilogue (rotate_head); 0: none
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int rotary_cols = 0;
 };
+
+// The rotate-half rotary embedding of one head's 64 columns of one output row, in place, just after
+// the tile stored them (still in L1): (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2) of the stored float32
+// values, x = (x1, x2) its halves -- rowwise.cpp's prism_rotary operations per element (two products
+// rounded, then their difference or sum; no contraction), so the bits of that pass run after the
+// projection. A VNNI tile spans whole heads: 64 columns from a multiple of 64 (the caller checks).
+constexpr int ROTARY_HEAD = 64;
+PRISM_AVX512 inline void rotate_head(int row, int col, const Epilogue& e) {
+  float* x = static_cast<float*>(e.out) + (long)row * e.n + col;
+  const float* c = e.cos + (long)row * ROTARY_HEAD;
+  const float* s = e.sin + (long)row * ROTARY_HEAD;
+  constexpr int HALF = ROTARY_HEAD / 2;
+  for (int j = 0; j < HALF; j += 16) {
+    const __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + HALF + j);
+    _mm512_storeu_ps(x + j, _mm512_sub_ps(_mm512_mul_ps(a, _mm512_loadu_ps(c + j)), _mm512_mul_ps(b, _mm512_loadu_ps(s + j))));
+    _mm512_storeu_ps(x + HALF + j,
+                     _mm512_add_ps(_mm512_mul_ps(b, _mm512_loadu_ps(c + HALF + j)), _mm512_mul_ps(a, _mm512_loadu_ps(s + HALF + j))));
+  }
+}
 
 // One output row's ncols sums (exact integers as float64) from column col on: raw, or dequantised as
 // float32 (float)((sum * x_scale[row]) * w_scale[c]) (+ bias[c]) -- vectorised four columns at a time
@@ -303,11 +328,13 @@ PRISM_VNNI inline void tile16(const Operand& a, const int16_t* panel, long panel
         _mm512_store_pd(dst + 8, _mm512_add_pd(_mm512_load_pd(dst + 8), hi));
       }
   }
-  for (int r = 0; r < R; ++r)  // store16: store_row's operations, 16 lanes at a time
+  for (int r = 0; r < R; ++r) {  // store16: store_row's operations, 16 lanes at a time
     for (int j = 0; j < P * NR && j < ncols; j += 16) {
       const __m512d sums[2] = {_mm512_load_pd(c[r] + j), _mm512_load_pd(c[r] + j + 8)};
       store16(sums, row + r, col + j, ncols - j, e);
     }
+    if (P * NR == ROTARY_HEAD && col < e.rotary_cols) rotate_head(row + r, col, e);
+  }
 }
 
 // Rows r0..r1-1 of one panel group: whole tiles, then the last tile's rows (fewer than MR16).
@@ -384,10 +411,12 @@ PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_
     }
     return;
   }
-  for (int r = 0; r < R; ++r)  // straight from the registers (store16: store_row's operations, 16 lanes)
+  for (int r = 0; r < R; ++r) {  // straight from the registers (store16: store_row's operations, 16 lanes)
     for (int h = 0; h < 2 * P && 16 * h < ncols; ++h)
       store16(_mm512_sub_epi32(acc[r][h], _mm512_loadu_si512(corr + col + 16 * h)), row + r, col + 16 * h,
               ncols - 16 * h, e);
+    if (P * NR8 == ROTARY_HEAD && col < e.rotary_cols) rotate_head(row + r, col, e);
+  }
 }
 
 // Rows r0..r1-1 of one group of P panels: whole tiles, then the last tile's rows (fewer than MR8).
@@ -417,9 +446,11 @@ extern "C" {
 // largest |W[k][c]| over c; block: k-pairs an int32 lane can sum at the integers' bounds. Each of
 // `threads` OpenMP threads takes its own rows (by_thread_rows). See the top of the file for the
 // epilogue arguments.
+// cos, sin, rotary_cols: taken for prism_vnni16_gemm's signature; this kernel has no rotary epilogue
+// (the caller passes rotary_cols = 0).
 void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax, int n,
                       int block, const float* x_scale, const float* w_scale, const float* bias, const float* residual,
-                      void* out, int threads) {
+                      void* out, int threads, const float* /*cos*/, const float* /*sin*/, int /*rotary_cols*/) {
   const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   const int panels = (n + NR - 1) / NR;
   int16_products<MR>(x, m, kpairs, wmax, block, panels, threads, [&](const Operand& a, int p, int r0, int r1) {
@@ -432,11 +463,15 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
 }
 
 // The same product on AVX-512 VNNI: the same operands (x, packed, wmax, block) and epilogue, tiles of
-// MR16 rows by two panels. Call only where the CPU has AVX-512 VNNI.
+// MR16 rows by four panels. cos, sin (m, 64) float32, rotary_cols (a multiple of 64, <= n; 0 for none):
+// the rotary embedding of those columns' heads after the epilogue (rotate_head). Call only where the
+// CPU has AVX-512 VNNI.
 PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax,
                                   int n, int block, const float* x_scale, const float* w_scale, const float* bias,
-                                  const float* residual, void* out, int threads) {
-  const Epilogue e{x_scale, w_scale, bias, residual, out, n};
+                                  const float* residual, void* out, int threads, const float* cos, const float* sin,
+                                  int rotary_cols) {
+  Epilogue e{x_scale, w_scale, bias, residual, out, n};
+  e.cos = cos, e.sin = sin, e.rotary_cols = x_scale ? rotary_cols : 0;
   const int panels = (n + NR - 1) / NR, groups = (panels + P16 - 1) / P16;
   const long panel_stride = (long)kpairs * 2 * NR;
   auto group = [&](const Operand& a, int g, int r0, int r1) PRISM_VNNI {
@@ -457,9 +492,12 @@ PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int
 // rows as in prism_int16_gemm; the same epilogue arguments. Call only where the CPU has AVX-512 VNNI.
 PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
                                  const float* x_scale, const float* w_scale, const float* bias, const float* residual,
-                                 void* out, int threads, int swiglu) {
-  // swiglu: n % 32 == 0, panels packed gate / up (PackedWeight8(glu=True)), scales and no residual
-  const Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
+                                 void* out, int threads, int swiglu, const float* cos, const float* sin,
+                                 int rotary_cols) {
+  // swiglu: n % 32 == 0, panels packed gate / up (PackedWeight8(glu=True)), scales and no residual;
+  // cos, sin, rotary_cols: as prism_vnni16_gemm's (not with swiglu)
+  Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
+  e.cos = cos, e.sin = sin, e.rotary_cols = x_scale && !swiglu ? rotary_cols : 0;
   const int panels = (n + NR8 - 1) / NR8, pairs = (panels + 1) / 2;
   const long ldx = 4L * kquads, panel_stride = (long)kquads * 4 * NR8;
   const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;
@@ -625,7 +663,8 @@ int prism_amx_init() {
 // configuration and releases the tiles after. Call only after prism_amx_init() == 0.
 PRISM_AMX void prism_amx8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
                                const float* x_scale, const float* w_scale, const float* bias, const float* residual,
-                               void* out, int threads, int swiglu) {
+                               void* out, int threads, int swiglu, const float* /*cos*/, const float* /*sin*/,
+                               int /*rotary_cols*/) {  // prism_vnni8_gemm's signature; no rotary epilogue (rotary_cols 0)
   const Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
   const int panels = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads;

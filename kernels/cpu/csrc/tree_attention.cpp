@@ -137,14 +137,15 @@ inline void store_int16(int16_t* p, Vec x) { _mm256_storeu_si256((__m256i*)p, _m
 
 extern "C" {
 
-// q, out: (rows, hq, 64) float32; k, v: (n key rows, hkv, 64) float32; key_rows: every segment's key
+// q: (rows, hq, 64) float32 with rows ldq floats apart (>= hq * 64: a view of the qkv projection's
+// output, whose epilogue applied the rotary embedding); out: (rows, hq, 64) float32; k, v: (n key rows, hkv, 64) float32; key_rows: every segment's key
 // rows concatenated (int32); segments: (count, 5) int32 rows (q_start, q_len, key_offset, keys,
 // prefix); wide: run the AVX-512 instance (only where the CPU has AVX-512 F/DQ/VL/BW, and VNNI for the
 // integer form), else the AVX2 one -- the same bits; integer: the integer form (tree_attention_int.inc)
 // instead of float32. Threads take (segment, head) items; the result does not depend on which.
 void prism_tree_attention(const float* q, const float* k, const float* v, const int32_t* key_rows,
                           const int32_t* segments, int count, int hq, int hkv, int n, float* out, int wide,
-                          int threads, int integer) {
+                          int threads, int integer, long ldq) {
   std::vector<Item> items;
   int max_keys = 0;
   for (int i = 0; i < count; ++i) {
@@ -204,15 +205,15 @@ void prism_tree_attention(const float* q, const float* k, const float* v, const 
 #pragma omp for schedule(dynamic, 1)
     for (long i = 0; i < (long)items.size(); ++i) {
       if (integer && wide)
-        avx512::attend_int(q, kv, key_rows, items[i], hq, out, kp.get(), ks.get(), vp.get(), vs.get(), s.get(), wp.get(),
+        avx512::attend_int(q, ldq, kv, key_rows, items[i], hq, out, kp.get(), ks.get(), vp.get(), vs.get(), s.get(), wp.get(),
                            ld_scratch);
       else if (integer)
-        avx2::attend_int(q, kv, key_rows, items[i], hq, out, kp.get(), ks.get(), vp.get(), vs.get(), s.get(), wp.get(),
+        avx2::attend_int(q, ldq, kv, key_rows, items[i], hq, out, kp.get(), ks.get(), vp.get(), vs.get(), s.get(), wp.get(),
                          ld_scratch);
       else if (wide)
-        avx512::attend(q, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
+        avx512::attend(q, ldq, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
       else
-        avx2::attend(q, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
+        avx2::attend(q, ldq, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
     }
   }
 }
