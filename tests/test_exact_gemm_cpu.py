@@ -69,9 +69,12 @@ def raw_product(x: torch.Tensor, packed: PackedWeight, block: int, row_max: torc
     x16 = torch.nn.functional.pad(x.to(torch.int16), (0, 2 * packed.kpairs - x.shape[1])).contiguous()
     row_max = packed.row_max if row_max is None else row_max
     lib = exact_gemm.load()
-    kernel = lib.prism_vnni16_gemm if packed.vnni else lib.prism_int16_gemm
-    kernel(x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(), row_max.data_ptr(), packed.n, block, None, None,
-           None, None, out.data_ptr(), 1, None, None, 0)
+    arguments = (x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(), row_max.data_ptr(), packed.n, block,
+                 None, None, None, None, out.data_ptr(), 1)
+    if packed.vnni:
+        lib.prism_vnni16_gemm(*arguments, None, None, 0)  # no rotary epilogue
+    else:
+        lib.prism_int16_gemm(*arguments)
     return out
 
 

@@ -99,14 +99,15 @@ def load():
         lib.prism_int16_gemm.restype = None
         rotary_tail = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # cos, sin, rotary_cols (the VNNI kernels')
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int] + rotary_tail
+                                         ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_vnni16_gemm.restype = None
-        lib.prism_vnni16_gemm.argtypes = lib.prism_int16_gemm.argtypes
+        lib.prism_vnni16_gemm.argtypes = lib.prism_int16_gemm.argtypes + rotary_tail
         lib.prism_quantize_rows_u8.restype = None
         lib.prism_quantize_rows_u8.argtypes = lib.prism_quantize_rows.argtypes
         lib.prism_vnni8_gemm.restype = None
-        lib.prism_vnni8_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int, ctypes.c_int] + rotary_tail
+        amx8_argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int, ctypes.c_int]
+        lib.prism_vnni8_gemm.argtypes = amx8_argtypes + rotary_tail
         lib.prism_quantize_rows_digits.restype = None
         lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
@@ -119,7 +120,7 @@ def load():
         lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
                                              ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_amx8_gemm.restype = None
-        lib.prism_amx8_gemm.argtypes = lib.prism_vnni8_gemm.argtypes  # its SwiGLU epilogue included (no rotary)
+        lib.prism_amx8_gemm.argtypes = amx8_argtypes  # prism_vnni8_gemm's without the rotary epilogue's tail
         lib.prism_amx_init.restype = ctypes.c_int
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
@@ -342,10 +343,12 @@ class PackedWeight:
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
         if rotary is not None and not self.vnni:
             raise ValueError("the int16 kernel has no rotary epilogue (its VNNI form has)")
-        kernel = lib.prism_vnni16_gemm if self.vnni else lib.prism_int16_gemm
-        kernel(x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
-               chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(), torch.get_num_threads(),
-               *_rotary_arguments(rotary, m, self.n, x_scale))
+        arguments = (x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
+                     chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
+        if self.vnni:
+            lib.prism_vnni16_gemm(*arguments, *_rotary_arguments(rotary, m, self.n, x_scale))
+        else:
+            lib.prism_int16_gemm(*arguments)
         return out
 
 
@@ -470,11 +473,8 @@ class PackedWeight8:
             xu = torch.full((rows, 4 * self.kquads), VNNI_ZERO_POINT, dtype=torch.uint8)[:m]
             xu[:, : self.k] = (x_int.to(torch.int16) + VNNI_ZERO_POINT).to(torch.uint8)
         xu = self._padded_rows(xu) if self.amx else xu.contiguous()
-        kernel = lib.prism_vnni8_gemm
-        if self.amx:
-            if not amx8_available():
-                raise RuntimeError("the 8-bit kernel's AMX variant needs a CPU with AMX int8 tiles")
-            kernel = lib.prism_amx8_gemm
+        if self.amx and not amx8_available():
+            raise RuntimeError("the 8-bit kernel's AMX variant needs a CPU with AMX int8 tiles")
         if self.order is not None:  # the scales and bias in the panels' column order
             w_scale = w_scale.reshape(-1)[self.order]
             bias = None if bias is None else bias[self.order]
@@ -482,9 +482,12 @@ class PackedWeight8:
         out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
         if swiglu:
             out = torch.empty(m, self.n // 2, dtype=torch.float32)
-        kernel(xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
-               *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), int(swiglu),
-               *_rotary_arguments(rotary, m, self.n, x_scale))
+        arguments = (xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
+                     *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), int(swiglu))
+        if self.amx:
+            lib.prism_amx8_gemm(*arguments)
+        else:
+            lib.prism_vnni8_gemm(*arguments, *_rotary_arguments(rotary, m, self.n, x_scale))
         if self.order is None or swiglu:
             return out
         ordered = torch.empty_like(out)  # columns back in W's order

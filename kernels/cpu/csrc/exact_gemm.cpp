@@ -68,21 +68,17 @@ struct Epilogue {
 
 // The rotate-half rotary embedding of one head's 64 columns of one output row, in place, just after
 // the tile stored them (still in L1): (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2) of the stored float32
-// values, x = (x1, x2) its halves -- rowwise.cpp's prism_rotary operations per element (two products
-// rounded, then their difference or sum; no contraction), so the bits of that pass run after the
-// projection. A VNNI tile spans whole heads: 64 columns from a multiple of 64 (the caller checks).
+// values, x = (x1, x2) its halves -- vec.h's rotate_half, the steps of rowwise.cpp's prism_rotary, so
+// the bits of that pass run after the projection. A VNNI tile spans whole heads: 64 columns from a
+// multiple of 64 (the caller checks).
 constexpr int ROTARY_HEAD = 64;
 PRISM_AVX512 inline void rotate_head(int row, int col, const Epilogue& e) {
   float* x = static_cast<float*>(e.out) + (long)row * e.n + col;
   const float* c = e.cos + (long)row * ROTARY_HEAD;
   const float* s = e.sin + (long)row * ROTARY_HEAD;
   constexpr int HALF = ROTARY_HEAD / 2;
-  for (int j = 0; j < HALF; j += 16) {
-    const __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + HALF + j);
-    _mm512_storeu_ps(x + j, _mm512_sub_ps(_mm512_mul_ps(a, _mm512_loadu_ps(c + j)), _mm512_mul_ps(b, _mm512_loadu_ps(s + j))));
-    _mm512_storeu_ps(x + HALF + j,
-                     _mm512_add_ps(_mm512_mul_ps(b, _mm512_loadu_ps(c + HALF + j)), _mm512_mul_ps(a, _mm512_loadu_ps(s + HALF + j))));
-  }
+  for (int j = 0; j < HALF; j += avx512::W)
+    avx512::rotate_half(x + j, x + HALF + j, c + j, s + j, HALF, x + j, x + HALF + j);
 }
 
 // One output row's ncols sums (exact integers as float64) from column col on: raw, or dequantised as
@@ -446,11 +442,9 @@ extern "C" {
 // largest |W[k][c]| over c; block: k-pairs an int32 lane can sum at the integers' bounds. Each of
 // `threads` OpenMP threads takes its own rows (by_thread_rows). See the top of the file for the
 // epilogue arguments.
-// cos, sin, rotary_cols: taken for prism_vnni16_gemm's signature; this kernel has no rotary epilogue
-// (the caller passes rotary_cols = 0).
 void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax, int n,
                       int block, const float* x_scale, const float* w_scale, const float* bias, const float* residual,
-                      void* out, int threads, const float* /*cos*/, const float* /*sin*/, int /*rotary_cols*/) {
+                      void* out, int threads) {
   const Epilogue e{x_scale, w_scale, bias, residual, out, n};
   const int panels = (n + NR - 1) / NR;
   int16_products<MR>(x, m, kpairs, wmax, block, panels, threads, [&](const Operand& a, int p, int r0, int r1) {
@@ -657,14 +651,13 @@ int prism_amx_init() {
   return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : errno;
 }
 
-// prism_vnni8_gemm's contract on AMX tiles, its SwiGLU epilogue included: x (ceil(m/16)*16, 4*kquads)
-// uint8, kquads a multiple of 16.
+// prism_vnni8_gemm's contract on AMX tiles, its SwiGLU epilogue included (no rotary epilogue: no
+// cos, sin, rotary_cols): x (ceil(m/16)*16, 4*kquads) uint8, kquads a multiple of 16.
 // Rows in L2-sized blocks, each thread its own rows (by_thread_rows); every thread loads the tile
 // configuration and releases the tiles after. Call only after prism_amx_init() == 0.
 PRISM_AMX void prism_amx8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
                                const float* x_scale, const float* w_scale, const float* bias, const float* residual,
-                               void* out, int threads, int swiglu, const float* /*cos*/, const float* /*sin*/,
-                               int /*rotary_cols*/) {  // prism_vnni8_gemm's signature; no rotary epilogue (rotary_cols 0)
+                               void* out, int threads, int swiglu) {
   const Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
   const int panels = (n + NR8 - 1) / NR8;
   const long ldx = 4L * kquads;

@@ -276,13 +276,7 @@ void prism_rotary(const float* x, int m, int heads, int d, long ldx, const float
       float* o1 = out + ((int64_t)r * heads + h) * d;
       float* o2 = o1 + half;
       int j = 0;
-      for (; j + 8 <= half; j += 8) {
-        const __m256 a = _mm256_loadu_ps(x1 + j), b = _mm256_loadu_ps(x2 + j);
-        _mm256_storeu_ps(o1 + j, _mm256_sub_ps(_mm256_mul_ps(a, _mm256_loadu_ps(c + j)),
-                                               _mm256_mul_ps(b, _mm256_loadu_ps(s + j))));
-        _mm256_storeu_ps(o2 + j, _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(c + half + j)),
-                                               _mm256_mul_ps(a, _mm256_loadu_ps(s + half + j))));
-      }
+      for (; j + W <= half; j += W) rotate_half(x1 + j, x2 + j, c + j, s + j, half, o1 + j, o2 + j);
       for (; j < half; ++j) {
         const float a = x1[j], b = x2[j];
         const float ac = a * c[j], bs = b * s[j], bc = b * c[half + j], as = a * s[half + j];

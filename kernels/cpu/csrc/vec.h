@@ -1,5 +1,5 @@
 // Vector operations of two widths for the kernels that must give the same bits on every x86 CPU kind
-// (tree_attention.cpp, rowwise.cpp, exact_gemm.cpp's SwiGLU epilogue): namespace avx2 (8 floats per Vec, AVX2 + FMA) and avx512 (16,
+// (tree_attention.cpp, rowwise.cpp, exact_gemm.cpp's SwiGLU and rotary epilogues): namespace avx2 (8 floats per Vec, AVX2 + FMA) and avx512 (16,
 // compiled for AVX-512 only inside its namespace), the same IEEE operation per lane in both, and one
 // exp written over them. Included inside each file's anonymous namespace.
 #pragma once
@@ -30,6 +30,16 @@
 // SiLU(g) * u = (g / (1 + exp(-g))) * u, lane by lane: SwiGLU's steps wherever it runs (the row pass in
 // rowwise.cpp, gate_up's epilogue in exact_gemm.cpp), so every place and width gives the same bits.
 #define PRISM_SILU_TIMES_BODY return mul(div(g, add(set1(1.0f), exp(neg(g)))), u);
+
+// The rotate-half rotary embedding of W element pairs of one head: o1 = x1 c1 - x2 s1 and
+// o2 = x2 c2 + x1 s2 (two products rounded, then their difference or sum; no contraction), with
+// x1, x2 the head's halves, c1, s1 = c, s and c2, s2 = c + half, s + half. In place where o1, o2 are
+// x1, x2 (both loaded before either store). rowwise.cpp's rotary pass and qkv's epilogue in
+// exact_gemm.cpp run these steps, so both give the same bits.
+#define PRISM_ROTATE_HALF_BODY                                                             \
+  const Vec a = load(x1), b = load(x2);                                                    \
+  store(o1, sub(mul(a, load(c)), mul(b, load(s))));                                        \
+  store(o2, add(mul(b, load(c + half)), mul(a, load(s + half))));
 
 // The largest of x[0..count) (count >= 1): whole vectors, the last one's lanes past count as -inf.
 // max is order-free, so any width gives the same value.
@@ -69,6 +79,8 @@ inline Vec pow2(Vec n) {  // 2^n for integral n in [-126, 127]
 }
 inline Vec exp(Vec x) { PRISM_EXP_BODY }
 inline Vec silu_times(Vec g, Vec u) { PRISM_SILU_TIMES_BODY }
+inline void rotate_half(const float* x1, const float* x2, const float* c, const float* s, int half, float* o1,
+                        float* o2) { PRISM_ROTATE_HALF_BODY }
 inline Vec keep_first(Vec p, int count) {  // lanes >= count set to 0
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes)));
@@ -110,6 +122,8 @@ inline Vec pow2(Vec n) {
 }
 inline Vec exp(Vec x) { PRISM_EXP_BODY }
 inline Vec silu_times(Vec g, Vec u) { PRISM_SILU_TIMES_BODY }
+inline void rotate_half(const float* x1, const float* x2, const float* c, const float* s, int half, float* o1,
+                        float* o2) { PRISM_ROTATE_HALF_BODY }
 inline Vec keep_first(Vec p, int count) {
   const __mmask16 keep = count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count > 0 ? count : 0)) - 1);
   return _mm512_maskz_mov_ps(keep, p);
