@@ -70,9 +70,11 @@ struct Epilogue {
 // the tile stored them (still in L1): (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2) of the stored float32
 // values, x = (x1, x2) its halves -- vec.h's rotate_half, the steps of rowwise.cpp's prism_rotary, so
 // the bits of that pass run after the projection. A VNNI tile spans whole heads: 64 columns from a
-// multiple of 64 (the caller checks).
+// multiple of 64 (the caller checks). PRISM_VNNI, not PRISM_AVX512: its target set includes vec.h's
+// avx512 one (DQ), so rotate_half inlines here and this into the VNNI tiles (a call per head was 1.3%
+// of a forward's samples).
 constexpr int ROTARY_HEAD = 64;
-PRISM_AVX512 inline void rotate_head(int row, int col, const Epilogue& e) {
+PRISM_VNNI inline void rotate_head(int row, int col, const Epilogue& e) {
   float* x = static_cast<float*>(e.out) + (long)row * e.n + col;
   const float* c = e.cos + (long)row * ROTARY_HEAD;
   const float* s = e.sin + (long)row * ROTARY_HEAD;
