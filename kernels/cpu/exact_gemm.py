@@ -105,9 +105,9 @@ def load():
         lib.prism_quantize_rows_u8.restype = None
         lib.prism_quantize_rows_u8.argtypes = lib.prism_quantize_rows.argtypes
         lib.prism_vnni8_gemm.restype = None
-        amx8_argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int, ctypes.c_int]
-        lib.prism_vnni8_gemm.argtypes = amx8_argtypes + rotary_tail
+        eight_bit_argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int, ctypes.c_int]  # x .. swiglu
+        lib.prism_vnni8_gemm.argtypes = eight_bit_argtypes + rotary_tail
         lib.prism_quantize_rows_digits.restype = None
         lib.prism_quantize_rows_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
@@ -120,7 +120,7 @@ def load():
         lib.prism_combine_digits.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
                                              ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_amx8_gemm.restype = None
-        lib.prism_amx8_gemm.argtypes = amx8_argtypes  # prism_vnni8_gemm's without the rotary epilogue's tail
+        lib.prism_amx8_gemm.argtypes = eight_bit_argtypes  # prism_vnni8_gemm's without the rotary epilogue's tail
         lib.prism_amx_init.restype = ctypes.c_int
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
