@@ -482,9 +482,8 @@ class PackedWeight8:
             w_scale = w_scale.reshape(-1)[self.order]
             bias = None if bias is None else bias[self.order]
             residual = None if residual is None else residual[:, self.order]
-        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
-        if swiglu:
-            out = torch.empty(m, self.n // 2, dtype=torch.float32)
+        # with SwiGLU the kernel writes silu(gate) * up: half the columns (no (M, N) buffer to allocate)
+        out, epilogue = _epilogue(m, self.n // 2 if swiglu else self.n, x_scale, w_scale, bias, residual)
         arguments = (xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
                      *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), int(swiglu))
         if self.amx:
