@@ -16,11 +16,15 @@ attention, the rotary embedding, the RMSNorms left (the last layer's and the fin
 concatenation; "forest, scoring, rest" is the time of `decide_many` outside the decoder's steps
 (tokenising, the forest, the embedding lookup, the residual adds, candidate scoring, Python). The
 steps run synchronously on the CPU, so their times add up to the forward's. 2 threads, prefix cache
-off, one warm-up, then the median of `--repeats` runs per step. Writes bench/results/forward_profile.md.
+off, one warm-up, then the median of `--repeats` runs per step. "outside the kernel library" is the
+forward's time outside every call into kernels/cpu's library (GEMMs, quantisers, attention, row
+passes): the Python pipeline between the kernels, torch's copies and allocation, tokenising -- the
+serial part, which the other thread waits through. Writes bench/results/forward_profile.md.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import time
 from collections import defaultdict
@@ -29,6 +33,7 @@ import torch
 from workloads import WORKLOADS, write_result
 
 import prism_backend.model.transformer as transformer
+from kernels.cpu import exact_gemm
 from kernels.cpu.features import machine
 from prism_backend.config import EngineConfig
 from prism_backend.model.exact_matmul import describe_chosen_routes
@@ -39,6 +44,8 @@ PROJECTIONS = ("qkv", "q", "kv", "o", "gate_up", "down")
 # module-level functions of transformer.py (RMSNorm and SwiGLU run inside the projections after them)
 STEPS = ("rms_norm", "apply_rotary", "_extend")
 totals: dict[str, float] = defaultdict(float)  # step -> seconds in the current run
+LIBRARY = "kernel library calls"  # timed apart from the steps (they overlap them), not a row itself
+OUTSIDE = "outside the kernel library"
 
 
 def timed(name: str, fn):
@@ -69,9 +76,23 @@ def instrument_module() -> None:
     attention.answers = timed("attention", attention.answers)
 
 
+def instrument_library() -> bool:
+    """Wrap every library function the forwards have called so far (ctypes keeps them in the library
+    object's __dict__ once looked up; call after a warm-up) -> whether the library is loaded here."""
+    lib = exact_gemm.load()
+    if lib is None:
+        return False
+    for name, fn in list(vars(lib).items()):
+        if name.startswith("prism_") and isinstance(fn, ctypes._CFuncPtr):
+            setattr(lib, name, timed(LIBRARY, fn))
+    return True
+
+
 def profile(pipeline: DecisionPipeline, requests, repeats: int) -> dict[str, float]:
-    """step -> median ms over `repeats` runs (after a warm-up), and 'total'."""
+    """step -> median ms over `repeats` runs (after a warm-up), 'total', and OUTSIDE where the kernel
+    library runs here."""
     pipeline.decide_many(requests)
+    library = instrument_library()
     runs = []
     for _ in range(repeats):
         totals.clear()
@@ -79,10 +100,13 @@ def profile(pipeline: DecisionPipeline, requests, repeats: int) -> dict[str, flo
         pipeline.decide_many(requests)
         run = dict(totals)
         run["total"] = time.perf_counter() - start
+        inside = run.pop(LIBRARY, 0.0)
+        if library:
+            run[OUTSIDE] = run["total"] - inside
         runs.append(run)
     steps = {k for run in runs for k in run}
     ms = {k: 1000 * statistics.median(run.get(k, 0.0) for run in runs) for k in steps}
-    ms["forest, scoring, rest"] = ms["total"] - sum(v for k, v in ms.items() if k != "total")
+    ms["forest, scoring, rest"] = ms["total"] - sum(v for k, v in ms.items() if k not in ("total", OUTSIDE))
     return ms
 
 
@@ -106,7 +130,7 @@ def main() -> None:
             results[(precision, workload)] = profile(pipeline, make(), args.repeats)
         pipeline.engine.close()
     columns = list(results)
-    steps = sorted({k for r in results.values() for k in r} - {"total"},
+    steps = sorted({k for r in results.values() for k in r} - {"total", OUTSIDE},
                    key=lambda k: -max(r.get(k, 0.0) for r in results.values()))
     routes = describe_chosen_routes() or "none"
     plan = "" if args.keep_exact == EngineConfig.keep_exact else f" --keep-exact '{args.keep_exact}'"
@@ -118,7 +142,7 @@ def main() -> None:
              f"chosen (passes, K x N): {routes}.", "",
              "| step | " + " | ".join(f"{p} {w.split(':')[0]}" for p, w in columns) + " |",
              "|---|" + "---|" * len(columns)]
-    for step in steps + ["total"]:
+    for step in steps + ["total"] + [OUTSIDE] * any(OUTSIDE in r for r in results.values()):
         cells = []
         for column in columns:
             value, total = results[column].get(step, 0.0), results[column]["total"]

@@ -312,3 +312,36 @@ def test_layer_sensitivity_serves_exactly_the_plans_projections_exact():
     serve_plan(target, engine("8bit:"), set())
     assert {p.down for p in target.engine.model.proj} == {"8bit:down0", "8bit:down1"}
     assert target.engine.model.proj[1].q == "8bit:q1" and target.engine.model.proj[1].kv == "8bit:kv1"
+
+
+def test_the_forward_profile_counts_the_time_outside_the_kernel_library():
+    """forward_profile's row "outside the kernel library": every library function the warm-up looked up
+    is timed, and the forward's time outside those calls (here a 30 ms sleep around RMSNorm's library
+    pass) is reported apart from the steps, not subtracted from "forest, scoring, rest"."""
+    import ctypes
+    import time
+
+    import torch
+
+    import forward_profile
+    from kernels.cpu import exact_gemm, rowwise
+
+    lib = exact_gemm.load()
+    assert lib is not None, exact_gemm.why_not()
+    before = dict(vars(lib))
+    rows, weight = torch.randn(64, 576), torch.rand(576)
+
+    class Pipeline:
+        def decide_many(self, requests):
+            time.sleep(0.03)
+            for _ in range(20):
+                rowwise.rms_norm(rows, weight, 1e-5)
+
+    try:
+        ms = forward_profile.profile(Pipeline(), [], repeats=3)
+        assert not isinstance(vars(lib)["prism_rms_norm"], ctypes._CFuncPtr)  # timed
+    finally:
+        for name, fn in before.items():
+            setattr(lib, name, fn)
+    assert 30 <= ms[forward_profile.OUTSIDE] < ms["total"]
+    assert ms["forest, scoring, rest"] == ms["total"]  # no step was timed; the outside row is not one
