@@ -72,7 +72,7 @@ def raw_product(x: torch.Tensor, packed: PackedWeight, block: int, row_max: torc
     arguments = (x16.data_ptr(), m, packed.kpairs, packed.packed.data_ptr(), row_max.data_ptr(), packed.n, block,
                  None, None, None, None, out.data_ptr(), 1)
     if packed.vnni:
-        lib.prism_vnni16_gemm(*arguments, None, None, 0)  # no rotary epilogue
+        lib.prism_vnni16_gemm(*arguments, None, None, 0, None, 0)  # no rotary epilogue, no split output
     else:
         lib.prism_int16_gemm(*arguments)
     return out
@@ -359,7 +359,8 @@ def test_the_swiglu_epilogue_refuses_what_it_cannot_do():
 def test_the_rotary_epilogue_is_rowwise_rotary_of_the_output(kernel, m):
     """With rotary, the first columns' heads of 64 come out as rowwise.rotary of the plain output (the
     bits of the separate pass after the product), the other columns untouched, at any rows and 1-4
-    threads; qkv's shape (15 heads of 64: 9 query, 3 key, 3 value) with a bias, as Qwen2's."""
+    threads; qkv's shape (15 heads of 64: 9 query, 3 key, 3 value) with a bias, as Qwen2's. With split,
+    the same bits in two tensors: the queries' columns and the keys' and values'."""
     from kernels.cpu import rowwise
     from kernels.cpu.prologues import Rotary
 
@@ -380,7 +381,15 @@ def test_the_rotary_epilogue_is_rowwise_rotary_of_the_output(kernel, m):
         with torch_threads(threads):
             got = packed.matmul(x[:m], bound, x_scale[:m], w_scale, bias,
                                 rotary=Rotary(cos[:m].contiguous(), sin[:m].contiguous(), 768))
+            queries, keys_values = packed.matmul(x[:m], bound, x_scale[:m], w_scale, bias, split=576,
+                                                 rotary=Rotary(cos[:m].contiguous(), sin[:m].contiguous(), 768))
+            unrotated = packed.matmul(x[:m], bound, x_scale[:m], w_scale, bias, split=640)
         assert torch.equal(got, expected[:m]), threads
+        # split: the queries' and the keys' and values' columns each in their own storage, the same bits
+        assert queries.shape == (m, 576) and keys_values.shape == (m, 384), threads
+        assert queries.is_contiguous() and keys_values.is_contiguous()
+        assert torch.equal(queries, expected[:m, :576]) and torch.equal(keys_values, expected[:m, 576:]), threads
+        assert torch.equal(unrotated[0], plain[:m, :640]) and torch.equal(unrotated[1], plain[:m, 640:]), threads
 
 
 @needs_vnni
@@ -396,6 +405,18 @@ def test_the_rotary_epilogue_refuses_what_it_cannot_do():
         PackedWeight8(torch.ones(8, 128), glu=True).matmul(x, 127, scale, torch.ones(128), rotary=Rotary(cos, cos, 64))
     with pytest.raises(ValueError, match="no rotary epilogue"):
         PackedWeight(torch.ones(8, 128), 127).matmul(x, 127, scale, torch.ones(128), rotary=Rotary(cos, cos, 64))
+    with pytest.raises(ValueError, match="split at a multiple of 64"):
+        PackedWeight8(torch.ones(8, 128)).matmul(x, 127, scale, torch.ones(128), split=96)
+    with pytest.raises(ValueError, match="split at a multiple of 64"):  # nothing after the split
+        PackedWeight(torch.ones(8, 128), 127, vnni=True).matmul(x, 127, scale, torch.ones(128), split=128)
+    with pytest.raises(ValueError, match="without scales"):
+        PackedWeight8(torch.ones(8, 128)).matmul(x, 127, split=64)
+    with pytest.raises(ValueError, match="with a residual"):
+        PackedWeight8(torch.ones(8, 128)).matmul(x, 127, scale, torch.ones(128), None, torch.ones(2, 128), split=64)
+    with pytest.raises(ValueError, match="without glu"):
+        PackedWeight8(torch.ones(8, 128), glu=True).matmul(x, 127, scale, torch.ones(128), split=64)
+    with pytest.raises(ValueError, match="split output"):
+        PackedWeight(torch.ones(8, 128), 127).matmul(x, 127, scale, torch.ones(128), split=64)
 
 # ---- the int_mm route: torch._int_mm on base-128 digits, the library's quantiser and epilogue ----
 # (sizes stay small: without VNNI torch._int_mm is a plain loop)

@@ -174,6 +174,27 @@ def test_queries_read_in_place_from_a_wider_row_give_the_same_bits(integer, wide
                        cpu_attention.tree_attention(q[rows], k, v, answer_keys, answers, wide=wide, integer=integer))
 
 
+@pytest.mark.parametrize("wide", [pytest.param(False, id="avx2"), pytest.param(True, id="avx512", marks=needs("avx512_vnni"))])
+@pytest.mark.parametrize("integer", FORMS)
+def test_keys_and_values_read_in_place_from_a_wider_row_give_the_same_bits(integer, wide):
+    """k and v side by side in one buffer (exact_gemm's split output of a qkv projection: the keys'
+    and values' columns of each row; here with NaN columns after them, which must never be read) give
+    the bits of the same k and v contiguous, on every row and on answer rows alone."""
+    forest, q, k, v = forest_qkv(seed=17)
+    keys, heads = k.shape[0], k.shape[1]
+    width = heads * 64
+    kv = torch.full((keys, 2 * width + 64), float("nan"))
+    kv[:, :width], kv[:, width : 2 * width] = k.reshape(keys, width), v.reshape(keys, width)
+    k_view, v_view = (kv[:, i * width : (i + 1) * width].reshape(keys, heads, 64) for i in (0, 1))
+    assert not k_view.is_contiguous() and k_view.stride(0) == 2 * width + 64 and torch.equal(v_view, v)
+    (key_rows, table), (answer_keys, answers) = cpu_attention_of(forest).cpu_tables
+    answer_q = q[torch.as_tensor(forest.answer_rows)]
+    for queries, key_rows, table in ((q, key_rows, table), (answer_q, answer_keys, answers)):  # every row, answers
+        expected = cpu_attention.tree_attention(queries, k, v, key_rows, table, wide=wide, integer=integer)
+        got = cpu_attention.tree_attention(queries, k_view, v_view, key_rows, table, wide=wide, integer=integer)
+        assert not expected.isnan().any() and torch.equal(got, expected)
+
+
 @needs("avx512_vnni")
 @pytest.mark.parametrize("integer", FORMS)
 def test_the_avx2_instance_gives_the_avx512_instances_bits(integer):

@@ -97,7 +97,8 @@ def load():
         lib.prism_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.prism_int16_gemm.restype = None
-        rotary_tail = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # cos, sin, rotary_cols (the VNNI kernels')
+        # the VNNI kernels' tail: cos, sin, rotary_cols, out2, split
+        rotary_tail = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.prism_int16_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
         lib.prism_vnni16_gemm.restype = None
@@ -125,7 +126,7 @@ def load():
         lib.prism_amx_init.argtypes = []
         lib.prism_tree_attention.restype = None
         lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 3 + [
-            ctypes.c_long]
+            ctypes.c_long] * 3  # ldq, ldk, ldv
         lib.prism_rms_norm.restype = None
         lib.prism_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                        ctypes.c_void_p, ctypes.c_int]
@@ -295,6 +296,19 @@ def _rotary_arguments(rotary: Rotary | None, m: int, n: int, x_scale) -> tuple:
     return cos.data_ptr(), sin.data_ptr(), rotary.columns
 
 
+def _split_output(split: int, m: int, n: int, x_scale, residual) -> torch.Tensor | None:
+    """The VNNI kernels' second output, columns [split, N) of a dequantised product in their own
+    (M, N - split) float32 tensor (a qkv projection's keys and values: the forward keeps them without
+    copying them out of the product), checked; None without split."""
+    if not split:
+        return None
+    if x_scale is None or residual is not None or split % ROTARY_HEAD or not 0 < split < n:
+        raise ValueError(f"a split output takes a dequantised product without residual, split at a multiple of "
+                         f"{ROTARY_HEAD} below {n}; got split {split}{'' if x_scale is not None else ' without scales'}"
+                         f"{' with a residual' if residual is not None else ''}")
+    return torch.empty(m, n - split, dtype=torch.float32)
+
+
 class PackedWeight:
     """An integer weight W (K, N), |W| <= w_bound < 2^15, packed into the int16 kernel's panels: for
     the AVX2 kernel (vpmaddwd), or with `vnni` for its AVX-512 VNNI form (vpdpwssd; the same panels,
@@ -326,13 +340,16 @@ class PackedWeight:
 
     def matmul(self, x_int: torch.Tensor, x_bound: int, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None, rotary: Rotary | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, rotary: Rotary | None = None,
+               split: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x_int: (M, K) integer-valued, |x_int| <= x_bound, or quantize()'s int16 operand. Without
         scales -> (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) float32 ->
         (M, N) float32, the dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,), plus
         residual (M, N) last where given (the decoder's skip connection, fused: one pass fewer).
         rotary (the VNNI form only, with scales): then the rotary embedding of its columns' heads
-        (prologues.Rotary), the bits of rowwise.rotary on that output."""
+        (prologues.Rotary), the bits of rowwise.rotary on that output. split (the VNNI form only, with
+        scales, a multiple of 64, no residual): -> (columns [0, split) (M, split), columns [split, N)
+        (M, N - split)), each in its own storage, the same bits as the two slices of the (M, N) output."""
         lib = _library()
         if not fits(x_bound, self.w_bound):
             raise ValueError(f"integers up to {x_bound} x {self.w_bound} do not fit the int16 kernel")
@@ -343,16 +360,18 @@ class PackedWeight:
         if x16.shape[1] != 2 * self.kpairs:
             x16 = torch.nn.functional.pad(x16, (0, 1))
         x16 = x16.contiguous()
-        out, epilogue = _epilogue(m, self.n, x_scale, w_scale, bias, residual)
-        if rotary is not None and not self.vnni:
-            raise ValueError("the int16 kernel has no rotary epilogue (its VNNI form has)")
+        if (rotary is not None or split) and not self.vnni:
+            raise ValueError("the int16 kernel has no rotary epilogue or split output (its VNNI form has)")
+        rest = _split_output(split, m, self.n, x_scale, residual)
+        out, epilogue = _epilogue(m, split or self.n, x_scale, w_scale, bias, residual)
         arguments = (x16.data_ptr(), m, self.kpairs, self.packed.data_ptr(), self.row_max.data_ptr(), self.n,
                      chunk_pairs(x_bound, self.w_bound), *epilogue.pointers, out.data_ptr(), torch.get_num_threads())
         if self.vnni:
-            lib.prism_vnni16_gemm(*arguments, *_rotary_arguments(rotary, m, self.n, x_scale))
+            lib.prism_vnni16_gemm(*arguments, *_rotary_arguments(rotary, m, self.n, x_scale),
+                                  None if rest is None else rest.data_ptr(), split)
         else:
             lib.prism_int16_gemm(*arguments)
-        return out
+        return out if rest is None else (out, rest)
 
 
 VNNI_PANEL = 32  # output columns per packed panel of the 8-bit kernel (NR8 in the source)
@@ -452,16 +471,17 @@ class PackedWeight8:
 
     def matmul(self, x_int: torch.Tensor, x_bound: int = 127, x_scale: torch.Tensor | None = None,
                w_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None, swiglu: bool = False, rotary: Rotary | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, swiglu: bool = False, rotary: Rotary | None = None,
+               split: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x_int: (M, K) integer-valued, |x_int| <= x_bound <= 127, or quantize()'s uint8 operand. Without scales ->
         (M, N) float64, exactly x_int @ W; with x_scale (M, 1) and w_scale (N,) -> (M, N) float32, the
         dequantised ((X @ W) * x_scale) * w_scale rounded once, plus bias (N,): PackedWeight.matmul's contract.
         swiglu (a weight packed with glu; scales, no residual): -> (M, N / 2) float32, silu(gate) * up of
         that output's two halves, in the kernel's epilogue: the bits of rowwise.swiglu applied to it.
-        rotary (the VNNI kernel only; scales, no glu): as PackedWeight.matmul's."""
+        rotary, split (the VNNI kernel only; scales, no glu): as PackedWeight.matmul's."""
         lib = _library()
-        if rotary is not None and (self.amx or self.order is not None):
-            raise ValueError("the rotary epilogue is the VNNI kernel's, on a weight packed without glu")
+        if (rotary is not None or split) and (self.amx or self.order is not None):
+            raise ValueError("the rotary epilogue and split output are the VNNI kernel's, on a weight packed without glu")
         if swiglu and (self.order is None or x_scale is None or residual is not None):
             raise ValueError("the SwiGLU epilogue needs a weight packed with glu=True, scales and no residual")
         if not has_avx512_vnni():
@@ -483,13 +503,17 @@ class PackedWeight8:
             bias = None if bias is None else bias[self.order]
             residual = None if residual is None else residual[:, self.order]
         # with SwiGLU the kernel writes silu(gate) * up: half the columns (no (M, N) buffer to allocate)
-        out, epilogue = _epilogue(m, self.n // 2 if swiglu else self.n, x_scale, w_scale, bias, residual)
+        rest = _split_output(split, m, self.n, x_scale, residual)
+        out, epilogue = _epilogue(m, self.n // 2 if swiglu else split or self.n, x_scale, w_scale, bias, residual)
         arguments = (xu.data_ptr(), m, self.kquads, self.packed.data_ptr(), self.correction.data_ptr(), self.n,
                      *epilogue.pointers, out.data_ptr(), torch.get_num_threads(), int(swiglu))
         if self.amx:
             lib.prism_amx8_gemm(*arguments)
         else:
-            lib.prism_vnni8_gemm(*arguments, *_rotary_arguments(rotary, m, self.n, x_scale))
+            lib.prism_vnni8_gemm(*arguments, *_rotary_arguments(rotary, m, self.n, x_scale),
+                                 None if rest is None else rest.data_ptr(), split)
+        if rest is not None:
+            return out, rest
         if self.order is None or swiglu:
             return out
         ordered = torch.empty_like(out)  # columns back in W's order

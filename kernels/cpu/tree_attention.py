@@ -37,7 +37,8 @@ def segment_table(segments: list[tuple[int, int, torch.Tensor, int]]) -> tuple[t
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_rows: torch.Tensor,
                    table: torch.Tensor, wide: bool | None = None, integer: bool = False) -> torch.Tensor:
     """q: (n, Hq, 64) float32, its rows anywhere apart (the queries inside the qkv projection's output
-    are read in place); k, v: (key rows, Hkv, 64) float32; key_rows, table: segment_table's ->
+    are read in place); k, v: (key rows, Hkv, 64) float32, their rows anywhere apart too (the keys
+    and values side by side in the qkv projection's second output); key_rows, table: segment_table's ->
     (n, Hq, 64) float32; rows of q that no segment covers stay uninitialised. wide: the AVX-512
     instance (default: where the CPU has it, with VNNI for the integer form) or the AVX2 one -- the same
     bits (tests compare them). integer: q and k as 14-bit, v as 12-bit integers per row and head and the
@@ -51,13 +52,23 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_rows: 
     if q.shape[-1] != HEAD_DIM or k.shape[-1] != HEAD_DIM or q.shape[1] % k.shape[1]:
         raise ValueError(f"tree attention takes heads of {HEAD_DIM} and query heads a multiple of the key heads, "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    q = q.float()
-    if not (q.stride(2) == 1 and q.stride(1) == HEAD_DIM and q.stride(0) >= q.shape[1] * HEAD_DIM):
-        q = q.contiguous()  # each row's heads adjacent, rows anywhere apart: what the kernel reads
-    k, v = (t.float().contiguous() for t in (k, v))
+    q, k, v = (_rows_of_heads(t.float()) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=torch.float32)
     _library().prism_tree_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), key_rows.data_ptr(), table.data_ptr(),
                                     table.shape[0], q.shape[1], k.shape[1], k.shape[0], out.data_ptr(),
                                     int(wide), torch.get_num_threads(), int(integer),
-                                    q.stride(0) if q.shape[0] > 1 else q.shape[1] * HEAD_DIM)
+                                    *(_row_stride(t) for t in (q, k, v)))
     return out
+
+
+def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
+    """x (rows, heads, 64) as the kernel reads it: each row's heads adjacent, rows anywhere apart
+    (a copy only where x is not already so)."""
+    if x.stride(2) == 1 and x.stride(1) == HEAD_DIM and x.stride(0) >= x.shape[1] * HEAD_DIM:
+        return x
+    return x.contiguous()
+
+
+def _row_stride(x: torch.Tensor) -> int:
+    """Floats from one row of _rows_of_heads' x to the next (a single row's stride can be anything)."""
+    return x.stride(0) if x.shape[0] > 1 else x.shape[1] * HEAD_DIM

@@ -303,14 +303,15 @@ class ExactWeight:
 
     def linear(self, x: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                residual: torch.Tensor | None = None, prologue: Prologue = None, swiglu: bool = False,
-               rotary: Rotary | None = None) -> torch.Tensor:
+               rotary: Rotary | None = None, split: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The served projection on one rank: x (M, K) float32 quantised per row to |X| <= x_bound,
         X @ W exactly, dequantised ((X @ W) * x_scale) * w_scale, rounded once, + bias (N,) (+ residual
         (M, N), last) -> (M, N) float32. A kernel with fused quantisation and epilogue does it in one
         library call (the same operations); route() times exactly this. prologue: x is the input of
         that row pass (RMSNorm, SwiGLU), which the kernel's quantiser runs in its own pass. swiglu
         (where fuses_swiglu): -> (M, N / 2), silu(gate) * up of that output in the kernel's epilogue. rotary
-        (where fuses_rotary): its columns' heads get the rotary embedding in the kernel's epilogue."""
+        (where fuses_rotary): its columns' heads get the rotary embedding in the kernel's epilogue; split
+        (with rotary): -> (columns [0, split), columns [split, N)), each in its own storage."""
         if swiglu and not self.fuses_swiglu:
             raise ValueError("this weight's kernel has no SwiGLU epilogue (fuses_swiglu is False)")
         if rotary is not None and not self.fuses_rotary:
@@ -323,7 +324,8 @@ class ExactWeight:
             if swiglu:
                 return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, swiglu=True)
             if rotary is not None:
-                return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual, rotary=rotary)
+                return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual, rotary=rotary,
+                                         split=split)
             return self.fused.matmul(x_kernel, self.x_bound, x_scale, w_scale, bias, residual)
         x_int, x_scale = quantize_rows(apply_prologue(prologue, x), self.x_bound)  # (M, K), (M, 1)
         out = dequantize(self.matmul(x_int), x_scale, w_scale, bias)

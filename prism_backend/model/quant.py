@@ -99,7 +99,8 @@ class Int8Linear:
         return quantize_rows(x, self.act_bound, None if self.group is None else self.group.all_reduce_max)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue: Prologue = None,
-                 swiglu: bool = False, rotary: Rotary | None = None) -> torch.Tensor:
+                 swiglu: bool = False, rotary: Rotary | None = None,
+                 split: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (M, in) float32 -> the dequantised exact product (M, out), + residual (M, out) last where
         given: the decoder's skip connection, fused into the CPU kernels' epilogue (one float32
         addition either way, so the same bits as adding it after). prologue: x is the input of that
@@ -107,13 +108,17 @@ class Int8Linear:
         copy of its output; the same bits), else first, as its own pass. swiglu (only where
         fuses_swiglu): -> (M, out / 2), silu(gate) * up in the kernel's epilogue, the bits of
         layers.swiglu on the product. rotary (only where fuses_rotary): the rotary embedding of its
-        columns' heads in the kernel's epilogue, the bits of layers.apply_rotary on the product."""
+        columns' heads in the kernel's epilogue, the bits of layers.apply_rotary on the product; and
+        split (with rotary, a multiple of 64): -> (columns [0, split), columns [split, out)), each in its
+        own storage (a qkv projection's queries apart from its keys and values: exact_gemm's split)."""
         if swiglu:
             return self.w.linear(x, self.w_scale, self.bias, prologue=prologue, swiglu=True)
         if rotary is not None:
             if not self.fuses_rotary or use_triton(self.kernels, x):
                 raise ValueError("this projection's kernel has no rotary epilogue (fuses_rotary is False)")
-            return self.w.linear(x, self.w_scale, self.bias, residual, prologue, rotary=rotary)
+            return self.w.linear(x, self.w_scale, self.bias, residual, prologue, rotary=rotary, split=split)
+        if split:
+            raise ValueError("a split output comes with the rotary epilogue (split without rotary)")
         if self.group is not None or use_triton(self.kernels, x):
             x = apply_prologue(prologue, x)
         if self.group is not None:  # row-parallel: an exact sum of integers below 2^53, then dequantised

@@ -103,20 +103,20 @@ class ForestTransformer:
         s = self.spec
         norm = RmsNorm(lw.input_norm, s.rms_norm_eps)
         fused = self._rotary_in_qkv(lw, p)
-        if fused:  # q and k come out rotated: the same bits as apply_rotary after the product
-            qkv = p.qkv(h, prologue=norm, rotary=Rotary(cos[:, 0], sin[:, 0], s.q_dim + s.kv_dim))
+        # k and v in storage of their own, not views of the whole (n, q_dim + 2 kv_dim) output: run()
+        # holds every layer's K/V, and views would keep each layer's queries alive with them -- at
+        # 1,866 rows 7 MB a layer, 200 MB of a replica's resident memory for nothing
+        if fused:  # q and k come out rotated (the bits of apply_rotary after the product), and k and v
+            # in their own (n, 2 kv_dim) tensor (the kernel's split output), which attention reads in place
+            q, kv = p.qkv(h, prologue=norm, rotary=Rotary(cos[:, 0], sin[:, 0], s.q_dim + s.kv_dim), split=s.q_dim)
+            k, v = (t.reshape(-1, s.num_kv_heads, s.head_dim) for t in kv.split([s.kv_dim, s.kv_dim], dim=-1))
+            q = q.reshape(-1, s.num_heads, s.head_dim)
         else:
             qkv = p.qkv(h, prologue=norm)  # (n, q_dim + 2 kv_dim) of rms_norm(h)
-        q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
-        q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)  # (read in place by attention)
-        k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
-        # k and v in their own storage (the attention kernels copied them so anyway): as views they
-        # would keep qkv's whole (n, q_dim + 2 kv_dim) output alive while run() holds every layer's
-        # K/V -- at 1,866 rows 7 MB a layer, 200 MB of a replica's resident memory for nothing
-        v = v.reshape(-1, s.num_kv_heads, s.head_dim).contiguous()
-        if fused:
-            k = k.contiguous()
-        else:
+            q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
+            q = self._qk_norm(q.reshape(-1, s.num_heads, s.head_dim), lw.q_norm)  # (read in place by attention)
+            k = self._qk_norm(k.reshape(-1, s.num_kv_heads, s.head_dim), lw.k_norm)
+            v = v.reshape(-1, s.num_kv_heads, s.head_dim).contiguous()
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k, v = _extend(past, k, v)  # (rows so far, Hkv, D)
         attn = attention.rows(q, k, v)  # (n, Hq, D)

@@ -64,7 +64,20 @@ struct Epilogue {
   const float* cos = nullptr;
   const float* sin = nullptr;
   int rotary_cols = 0;
+  // the VNNI tiles only, float32 output: columns [split, n) go to their own array out2 (m, n - split)
+  // and out is (m, split) -- a qkv projection's keys and values apart from its queries, so the forward
+  // keeps them without copying them out of the product. split: a multiple of 64, so no tile's columns
+  // straddle it; 0: none
+  float* out2 = nullptr;
+  int split = 0;
 };
+
+// Where a float32 output row's columns from `col` on are stored (col: a store's first column, on one
+// side of split)
+inline float* out_at(int row, int col, const Epilogue& e) {
+  if (e.split && col >= e.split) return e.out2 + (long)row * (e.n - e.split) + (col - e.split);
+  return static_cast<float*>(e.out) + (long)row * (e.split ? e.split : e.n) + col;
+}
 
 // The rotate-half rotary embedding of one head's 64 columns of one output row, in place, just after
 // the tile stored them (still in L1): (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2) of the stored float32
@@ -75,7 +88,7 @@ struct Epilogue {
 // of a forward's samples).
 constexpr int ROTARY_HEAD = 64;
 PRISM_VNNI inline void rotate_head(int row, int col, const Epilogue& e) {
-  float* x = static_cast<float*>(e.out) + (long)row * e.n + col;
+  float* x = out_at(row, col, e);
   const float* c = e.cos + (long)row * ROTARY_HEAD;
   const float* s = e.sin + (long)row * ROTARY_HEAD;
   constexpr int HALF = ROTARY_HEAD / 2;
@@ -94,7 +107,7 @@ inline void store_row(const double* c, int row, int col, int ncols, const Epilog
     return;
   }
   const double xs = e.x_scale[row];
-  float* dst = static_cast<float*>(e.out) + base;
+  float* dst = out_at(row, col, e);
   const __m256d vxs = _mm256_set1_pd(xs);
   int j = 0;
   for (; j + 4 <= ncols; j += 4) {
@@ -127,7 +140,7 @@ PRISM_AVX512 inline void store16(const __m512d sums[2], int row, int col, int va
     __m256 v = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(sums[h], _mm512_set1_pd((double)e.x_scale[row])), ws));
     if (e.bias) v = _mm256_add_ps(v, _mm256_maskz_loadu_ps(masks[h], e.bias + col + 8 * h));
     if (e.residual) v = _mm256_add_ps(_mm256_maskz_loadu_ps(masks[h], e.residual + base + 8 * h), v);
-    _mm256_mask_storeu_ps(static_cast<float*>(e.out) + base + 8 * h, masks[h], v);
+    _mm256_mask_storeu_ps(out_at(row, col + 8 * h, e), masks[h], v);
   }
 }
 
@@ -460,14 +473,16 @@ void prism_int16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed
 
 // The same product on AVX-512 VNNI: the same operands (x, packed, wmax, block) and epilogue, tiles of
 // MR16 rows by four panels. cos, sin (m, 64) float32, rotary_cols (a multiple of 64, <= n; 0 for none):
-// the rotary embedding of those columns' heads after the epilogue (rotate_head). Call only where the
-// CPU has AVX-512 VNNI.
+// the rotary embedding of those columns' heads after the epilogue (rotate_head). out2, split (a
+// multiple of 64, < n; null for none; float32 output only): columns [split, n) into out2 (m, n - split)
+// and the rest into out (m, split). Call only where the CPU has AVX-512 VNNI.
 PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int16_t* packed, const int32_t* wmax,
                                   int n, int block, const float* x_scale, const float* w_scale, const float* bias,
                                   const float* residual, void* out, int threads, const float* cos, const float* sin,
-                                  int rotary_cols) {
+                                  int rotary_cols, float* out2, int split) {
   Epilogue e{x_scale, w_scale, bias, residual, out, n};
   e.cos = cos, e.sin = sin, e.rotary_cols = x_scale ? rotary_cols : 0;
+  e.out2 = out2, e.split = x_scale && out2 ? split : 0;
   const int panels = (n + NR - 1) / NR, groups = (panels + P16 - 1) / P16;
   const long panel_stride = (long)kpairs * 2 * NR;
   auto group = [&](const Operand& a, int g, int r0, int r1) PRISM_VNNI {
@@ -489,11 +504,12 @@ PRISM_VNNI void prism_vnni16_gemm(const int16_t* x, int m, int kpairs, const int
 PRISM_VNNI void prism_vnni8_gemm(const uint8_t* x, int m, int kquads, const int8_t* packed, const int32_t* corr, int n,
                                  const float* x_scale, const float* w_scale, const float* bias, const float* residual,
                                  void* out, int threads, int swiglu, const float* cos, const float* sin,
-                                 int rotary_cols) {
+                                 int rotary_cols, float* out2, int split) {
   // swiglu: n % 32 == 0, panels packed gate / up (PackedWeight8(glu=True)), scales and no residual;
-  // cos, sin, rotary_cols: as prism_vnni16_gemm's (not with swiglu)
+  // cos, sin, rotary_cols, out2, split: as prism_vnni16_gemm's (not with swiglu)
   Epilogue e{x_scale, w_scale, bias, residual, out, n, swiglu != 0};
   e.cos = cos, e.sin = sin, e.rotary_cols = x_scale && !swiglu ? rotary_cols : 0;
+  e.out2 = out2, e.split = x_scale && out2 && !swiglu ? split : 0;
   const int panels = (n + NR8 - 1) / NR8, pairs = (panels + 1) / 2;
   const long ldx = 4L * kquads, panel_stride = (long)kquads * 4 * NR8;
   const int row_block = ((256 * 1024 / (int)ldx) / MR8 + 1) * MR8;

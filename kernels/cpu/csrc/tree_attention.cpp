@@ -141,14 +141,16 @@ inline void store_int16(int16_t* p, Vec x) { _mm256_storeu_si256((__m256i*)p, _m
 extern "C" {
 
 // q: (rows, hq, 64) float32 with rows ldq floats apart (>= hq * 64: a view of the qkv projection's
-// output, whose epilogue applied the rotary embedding); out: (rows, hq, 64) float32; k, v: (n key rows, hkv, 64) float32; key_rows: every segment's key
+// output, whose epilogue applied the rotary embedding); out: (rows, hq, 64) float32; k, v: (n key rows,
+// hkv, 64) float32 with rows ldk, ldv floats apart (>= hkv * 64: the keys and values side by side in
+// the qkv projection's second output, exact_gemm's split, are read in place); key_rows: every segment's key
 // rows concatenated (int32); segments: (count, 5) int32 rows (q_start, q_len, key_offset, keys,
 // prefix); wide: run the AVX-512 instance (only where the CPU has AVX-512 F/DQ/VL/BW, and VNNI for the
 // integer form), else the AVX2 one -- the same bits; integer: the integer form (tree_attention_int.inc)
 // instead of float32. Threads take (segment, head) items; the result does not depend on which.
 void prism_tree_attention(const float* q, const float* k, const float* v, const int32_t* key_rows,
                           const int32_t* segments, int count, int hq, int hkv, int n, float* out, int wide,
-                          int threads, int integer, long ldq) {
+                          int threads, int integer, long ldq, long ldk, long ldv) {
   std::vector<Item> items;
   int max_keys = 0;
   for (int i = 0; i < count; ++i) {
@@ -181,19 +183,19 @@ void prism_tree_attention(const float* q, const float* k, const float* v, const 
         for (int h = 0; h < hkv; ++h) {  // the AVX2 instance's quantiser on every CPU: the same integers
           alignas(64) int32_t pairs[D / 2] = {};
           const bool key = j < n;
-          const float scale = key ? avx2::quantize_ints(k + ((long)j * hkv + h) * D, (int16_t*)pairs, QK_BOUND) : 0.0f;
+          const float scale = key ? avx2::quantize_ints(k + (long)j * ldk + (long)h * D, (int16_t*)pairs, QK_BOUND) : 0.0f;
           for (int t = 0; t < D / 2; ++t) kp_all[((size_t)h * (D / 2) + t) * ldn + j] = pairs[t];
           ks_all[(size_t)h * ldn + j] = scale;
           if (key)
             vs_all[(size_t)j * hkv + h] =
-                avx2::quantize_ints(v + ((long)j * hkv + h) * D, v_all.get() + ((size_t)j * hkv + h) * D, V_BOUND);
+                avx2::quantize_ints(v + (long)j * ldv + (long)h * D, v_all.get() + ((size_t)j * hkv + h) * D, V_BOUND);
         }
     } else {
 #pragma omp for schedule(static) collapse(2)  // (head, d) rows: 3 heads alone split 2:1 over 2 threads
       for (int h = 0; h < hkv; ++h)
         for (int d = 0; d < D; ++d) {
           float* dst = kt_all.get() + ((size_t)h * D + d) * ldn;
-          for (int j = 0; j < n; ++j) dst[j] = k[((long)j * hkv + h) * D + d];
+          for (int j = 0; j < n; ++j) dst[j] = k[(long)j * ldk + (long)h * D + d];
           for (int j = n; j < ldn; ++j) dst[j] = 0.0f;
         }
     }
@@ -214,9 +216,9 @@ void prism_tree_attention(const float* q, const float* k, const float* v, const 
         avx2::attend_int(q, ldq, kv, key_rows, items[i], hq, out, kp.get(), ks.get(), vp.get(), vs.get(), s.get(), wp.get(),
                          ld_scratch);
       else if (wide)
-        avx512::attend(q, ldq, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
+        avx512::attend(q, ldq, v, ldv, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
       else
-        avx2::attend(q, ldq, v, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
+        avx2::attend(q, ldq, v, ldv, kt_all.get(), ldn, key_rows, items[i], hq, hkv, out, kt.get(), vb.get(), s.get(), ld_scratch);
     }
   }
 }
