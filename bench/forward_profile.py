@@ -19,7 +19,11 @@ steps run synchronously on the CPU, so their times add up to the forward's. 2 th
 off, one warm-up, then the median of `--repeats` runs per step. "outside the kernel library" is the
 forward's time outside every call into kernels/cpu's library (GEMMs, quantisers, attention, row
 passes): the Python pipeline between the kernels, torch's copies and allocation, tokenising -- the
-serial part, which the other thread waits through. Writes bench/results/forward_profile.md.
+serial part, which the other thread waits through. The steps are timed on the Python pipeline's
+layers (the projections wrapped in timers run one by one); where the layers run in one library call
+(kernels/cpu/decoder_layer.py: the VNNI kernels), the rows "served forward" and "served: outside the
+kernel library" give the forward as served, measured first, before any projection is wrapped.
+Writes bench/results/forward_profile.md.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ STEPS = ("rms_norm", "apply_rotary", "_extend")
 totals: dict[str, float] = defaultdict(float)  # step -> seconds in the current run
 LIBRARY = "kernel library calls"  # timed apart from the steps (they overlap them), not a row itself
 OUTSIDE = "outside the kernel library"
+SERVED, SERVED_OUTSIDE = "served forward", "served: outside the kernel library"
 
 
 def timed(name: str, fn):
@@ -125,12 +130,19 @@ def main() -> None:
         config = EngineConfig(model_dir=DEFAULT_MODEL_DIR, precision=name, attention=attention or "auto",
                               keep_exact=args.keep_exact, prefix_cache_bytes=0, num_threads=2)
         pipeline = DecisionPipeline(config, REGISTRY_PATH)
-        instrument(pipeline)
+        model = pipeline.engine.model
+        served = {}
+        if any(model._one_call_layer(i) for i in range(len(model.proj))):  # the forward as served, first
+            for workload, make in WORKLOADS.items():
+                run = profile(pipeline, make(), args.repeats)
+                served[workload] = {SERVED: run["total"], **({SERVED_OUTSIDE: run[OUTSIDE]} if OUTSIDE in run else {})}
+        instrument(pipeline)  # every projection in a timer: the layers run step by step
         for workload, make in WORKLOADS.items():
-            results[(precision, workload)] = profile(pipeline, make(), args.repeats)
+            results[(precision, workload)] = {**profile(pipeline, make(), args.repeats), **served.get(workload, {})}
         pipeline.engine.close()
     columns = list(results)
-    steps = sorted({k for r in results.values() for k in r} - {"total", OUTSIDE},
+    extra = [k for k in (OUTSIDE, SERVED, SERVED_OUTSIDE) if any(k in r for r in results.values())]
+    steps = sorted({k for r in results.values() for k in r} - {"total", *extra},
                    key=lambda k: -max(r.get(k, 0.0) for r in results.values()))
     routes = describe_chosen_routes() or "none"
     plan = "" if args.keep_exact == EngineConfig.keep_exact else f" --keep-exact '{args.keep_exact}'"
@@ -142,10 +154,13 @@ def main() -> None:
              f"chosen (passes, K x N): {routes}.", "",
              "| step | " + " | ".join(f"{p} {w.split(':')[0]}" for p, w in columns) + " |",
              "|---|" + "---|" * len(columns)]
-    for step in steps + ["total"] + [OUTSIDE] * any(OUTSIDE in r for r in results.values()):
+    for step in steps + ["total"] + extra:
         cells = []
         for column in columns:
-            value, total = results[column].get(step, 0.0), results[column]["total"]
+            if step in extra and step not in results[column]:  # no layer in one call (fp32), or no library
+                cells.append("-")
+                continue
+            value, total = results[column].get(step, 0.0), results[column][SERVED if step == SERVED_OUTSIDE else "total"]
             cells.append(f"{value:.0f}" + ("" if step == "total" else f" ({100 * value / total:.0f}%)"))
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     write_result("forward_profile.md", lines)

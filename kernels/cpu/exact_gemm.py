@@ -37,8 +37,9 @@ from kernels.cpu.prologues import ROTARY_HEAD, Prologue, RmsNorm, Rotary, SwiGLU
 
 CSRC = Path(__file__).parent / "csrc"
 # the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
-# and the decoder's row-wise passes (kernels/cpu/rowwise.py); the headers they include are in CSRC too
-SOURCES = tuple(CSRC / name for name in ("exact_gemm.cpp", "tree_attention.cpp", "rowwise.cpp"))
+# and the decoder's row-wise passes (kernels/cpu/rowwise.py), and a decoder layer in one call over them all
+# (kernels/cpu/decoder_layer.py); the headers they include are in CSRC too
+SOURCES = tuple(CSRC / name for name in ("exact_gemm.cpp", "tree_attention.cpp", "rowwise.cpp", "decoder_layer.cpp"))
 PACKAGE_LIB = Path(__file__).parent / "lib"  # kernels/cpu/lib: where an export puts the built library
 PANEL = 16  # output columns per packed panel (NR in the source)
 INT32_MAX = 2**31 - 1
@@ -127,6 +128,8 @@ def load():
         lib.prism_tree_attention.restype = None
         lib.prism_tree_attention.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 3 + [
             ctypes.c_long] * 3  # ldq, ldk, ldv
+        lib.prism_decoder_layer.restype = None  # (layer, forward: decoder_layer.py's structures; h, kv, h_out)
+        lib.prism_decoder_layer.argtypes = [ctypes.c_void_p] * 5
         lib.prism_rms_norm.restype = None
         lib.prism_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                        ctypes.c_void_p, ctypes.c_int]

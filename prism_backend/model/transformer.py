@@ -4,6 +4,11 @@
 (from the prefix cache, or from earlier prefill chunks) and returns the K/V up to its end, so the
 engine can compute a forest in one pass or in chunks with the same per-segment computations.
 
+Where every projection of a layer runs on the kernel library's VNNI kernels and attention on its
+tree attention, the layer runs in one call into the library (kernels/cpu/decoder_layer.py: the same
+kernels in the same order, so the same bits, without the interpreter between them); elsewhere (other
+kernels, TP, the GPU, calibration's wrapped projections) the steps below run one by one.
+
 Work that no answer needs is skipped: the last layer computes keys and values for every row (the
 answer rows attend to them) but queries, attention output, MLP and the final norm only for the
 answer rows; no LM head runs here at all (scoring.py multiplies by the candidate rows only).
@@ -17,12 +22,13 @@ import torch
 from ..config import ComputeSettings
 from ..forest import Forest
 from .attention import ForestAttention
+from kernels.cpu import decoder_layer
 from kernels.cpu.prologues import ROTARY_HEAD, Hadamard, RmsNorm, Rotary, SwiGLU
 
 from .layers import RotaryTable, apply_rotary, rms_norm
 from .loader import LayerWeights, ModelWeights
 from .spec import ModelSpec
-from .quant import make_linear
+from .quant import Int8Linear, make_linear
 
 
 class Projections:
@@ -73,6 +79,8 @@ class ForestTransformer:
         last = -1 if every_row else len(weights.layers) - 1
         self.proj = [Projections(lw, spec, settings, i == last) for i, lw in enumerate(weights.layers)]
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scaling, spec.max_context)
+        self.one_call_layers = True  # run layers in one library call where they can (bench/forward_profile.py: off)
+        self._one_call: dict[int, tuple[tuple, decoder_layer.DecoderLayer | None]] = {}
         if settings.precision != "fp32":  # the projections hold their own quantised copies
             for lw in weights.layers:
                 lw.wqkv = lw.bqkv = lw.wo = lw.w_gate_up = lw.w_down = lw.integers = None
@@ -97,6 +105,27 @@ class ForestTransformer:
         64 columns), which it can only where no norm of q or k (Qwen3's) comes between the two."""
         return getattr(p.qkv, "fuses_rotary", False) and lw.q_norm is None and lw.k_norm is None and \
             self.spec.head_dim == ROTARY_HEAD
+
+    def _one_call_layer(self, i: int) -> decoder_layer.DecoderLayer | None:
+        """Layer i's weights for the one-call layer, or None where one of its steps runs elsewhere. Kept
+        while its projections are the same objects (calibration and the benches swap them for wrappers)."""
+        lw, p = self.w.layers[i], self.proj[i]
+        key = (p.qkv, p.o, p.gate_up, p.down)
+        cached = self._one_call.get(i)
+        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+            return cached[1]
+        block = self.w.down_block or 0
+        eligible = p.qkv is not None and all(
+            type(x) is Int8Linear and x.group is None and x.kernels != "triton" and x.w.fused is not None and
+            decoder_layer.runs_in_one_call(x.w.fused) for x in key) and self._rotary_in_qkv(lw, p) and \
+            not block & (block - 1) and lw.input_norm.device.type == "cpu"
+        layer = None
+        if eligible:
+            qkv, o, gate_up, down = (decoder_layer.Projection(x.w.fused, x.w.x_bound, x.w_scale, x.bias) for x in key)
+            layer = decoder_layer.DecoderLayer(qkv, o, gate_up, down, lw.input_norm, lw.post_norm, self.spec.rms_norm_eps,
+                                               self.spec.num_heads, self.spec.num_kv_heads, block)
+        self._one_call[i] = (key, layer)
+        return layer
 
     def _layer(self, h, lw: LayerWeights, p: Projections, attention: ForestAttention, cos, sin, past):
         """h: (n, H) rows being computed; past: K/V of the rows before them or None -> (h, k, v)."""
@@ -152,8 +181,18 @@ class ForestTransformer:
         h, attention, answers, cos, sin = self._begin(forest, computed)
         kv = [] if keep_kv else None
         full = len(self.w.layers) if self.every_row else len(self.w.layers) - 1
+        layers = [self._one_call_layer(i) if self.one_call_layers and attention.cpu_tables is not None else None
+                  for i in range(full)]
+        one_call = None  # the operands the one-call layers share in this pass
+        if any(layers) and h.shape[0]:
+            keys = h.shape[0] + (past[0][0].shape[0] if past else 0)
+            one_call = decoder_layer.LayerForward([x for x in layers if x], h.shape[0], keys, cos[:, 0], sin[:, 0],
+                                                  *attention.cpu_tables[0], attention.integer)
         for i, (lw, p) in enumerate(zip(self.w.layers[:full], self.proj[:full])):
-            h, k, v = self._layer(h, lw, p, attention, cos, sin, past[i] if past else None)
+            if layers[i] is not None and one_call is not None:
+                h, k, v = layers[i](one_call, h, past[i] if past else None)
+            else:
+                h, k, v = self._layer(h, lw, p, attention, cos, sin, past[i] if past else None)
             if keep_kv:
                 kv.append((k, v))
         if self.every_row:
