@@ -101,28 +101,41 @@ struct PrismForward {
 
 namespace {
 
+// The quantisers of one operand type (uint8 holding q + 128, or int16), by the row pass in front
+template <typename T>
+struct Quantizers {
+  void (*plain)(const float* x, int m, int k, int bound, T* q, int ldq, float* scale, int wide, int threads);
+  void (*rms_norm)(const float* x, int m, int k, const float* w, float eps, int bound, T* q, int ldq, float* scale,
+                   int wide, int threads);
+  void (*swiglu)(const float* x, int m, int k, int block, int bound, T* q, int ldq, float* scale, int wide, int threads);
+  void (*hadamard)(const float* x, int m, int k, int block, int bound, T* q, int ldq, float* scale, int wide,
+                   int threads);
+};
+const Quantizers<uint8_t> U8{prism_quantize_rows_u8, prism_rms_norm_quantize_u8, prism_swiglu_quantize_u8,
+                             prism_hadamard_quantize_u8};
+const Quantizers<int16_t> I16{prism_quantize_rows, prism_rms_norm_quantize_i16, prism_swiglu_quantize_i16,
+                              prism_hadamard_quantize_i16};
+
+template <typename T>
+void quantize_into(const Quantizers<T>& with, int ldq, const Projection& p, const PrismForward& f, const float* x,
+                   Pass pass, const float* norm, float eps, int block) {
+  T* q = static_cast<T*>(f.operand);
+  const int m = f.m, k = p.k, bound = p.x_bound, wide = f.quantizer_wide, threads = f.threads;
+  switch (pass) {
+    case RMS_NORM: return with.rms_norm(x, m, k, norm, eps, bound, q, ldq, f.scale, wide, threads);
+    case SWIGLU: return with.swiglu(x, m, k, block, bound, q, ldq, f.scale, wide, threads);
+    case HADAMARD: return with.hadamard(x, m, k, block, bound, q, ldq, f.scale, wide, threads);
+    default: return with.plain(x, m, k, bound, q, ldq, f.scale, wide, threads);
+  }
+}
+
 // x's rows after `pass` quantised for p into the forward's operand and scale (exact_gemm._quantize_rows)
 void quantize(const Projection& p, const PrismForward& f, const float* x, Pass pass, const float* norm, float eps,
               int block) {
-  const int m = f.m, k = p.k, bound = p.x_bound, wide = f.quantizer_wide, threads = f.threads;
-  if (p.bits == 8) {
-    uint8_t* q = static_cast<uint8_t*>(f.operand);
-    const int ldq = 4 * p.groups;
-    switch (pass) {
-      case RMS_NORM: return prism_rms_norm_quantize_u8(x, m, k, norm, eps, bound, q, ldq, f.scale, wide, threads);
-      case SWIGLU: return prism_swiglu_quantize_u8(x, m, k, block, bound, q, ldq, f.scale, wide, threads);
-      case HADAMARD: return prism_hadamard_quantize_u8(x, m, k, block, bound, q, ldq, f.scale, wide, threads);
-      default: return prism_quantize_rows_u8(x, m, k, bound, q, ldq, f.scale, wide, threads);
-    }
-  }
-  int16_t* q = static_cast<int16_t*>(f.operand);
-  const int ldq = 2 * p.groups;
-  switch (pass) {
-    case RMS_NORM: return prism_rms_norm_quantize_i16(x, m, k, norm, eps, bound, q, ldq, f.scale, wide, threads);
-    case SWIGLU: return prism_swiglu_quantize_i16(x, m, k, block, bound, q, ldq, f.scale, wide, threads);
-    case HADAMARD: return prism_hadamard_quantize_i16(x, m, k, block, bound, q, ldq, f.scale, wide, threads);
-    default: return prism_quantize_rows(x, m, k, bound, q, ldq, f.scale, wide, threads);
-  }
+  if (p.bits == 8)
+    quantize_into(U8, 4 * p.groups, p, f, x, pass, norm, eps, block);
+  else
+    quantize_into(I16, 2 * p.groups, p, f, x, pass, norm, eps, block);
 }
 
 // The product of the quantised operand and p, dequantised (+ residual) into out (exact_gemm's matmul)
