@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu.exact_gemm import PackedWeight, PackedWeight8, _library, chunk_pairs, has_avx512_vnni, wide_lanes
+from kernels.cpu.exact_gemm import (PackedWeight, PackedWeight8, _library, chunk_pairs, hadamard_block_fits,
+                                    has_avx512_vnni, wide_lanes)
 from kernels.cpu.tree_attention import HEAD_DIM
 
 _int, _ptr = ctypes.c_int, ctypes.c_void_p
@@ -78,7 +79,7 @@ class DecoderLayer:
                                  f"{type(p.packed).__name__} ({p.packed.k}, {p.packed.n})")
             if name != "gate_up" and isinstance(p.packed, PackedWeight8) and p.packed.order is not None:
                 raise ValueError(f"{name}: only gate_up's weight may be packed with glu")
-        if down_block < 0 or (down_block and (down_block & (down_block - 1) or intermediate % down_block)):
+        if not hadamard_block_fits(down_block, intermediate):
             raise ValueError(f"down's Hadamard block must be 0 or a power of two dividing {intermediate}, got {down_block}")
         self.hidden, self.q_dim, self.kv_dim, self.kv_heads = hidden, q_dim, kv_dim, kv_heads
         self.act_columns = intermediate if glu else 2 * intermediate

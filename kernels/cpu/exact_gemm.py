@@ -235,6 +235,12 @@ def quantize_digits(x: torch.Tensor, k: int, x_bound: int, passes: int, q: torch
     return scale
 
 
+def hadamard_block_fits(block: int, k: int) -> bool:
+    """Whether the library's Hadamard pass takes this block on k-wide rows: 0 (none), or a power of two
+    dividing k."""
+    return block == 0 or (block > 0 and block & (block - 1) == 0 and k % block == 0)
+
+
 def _run_quantiser(x: torch.Tensor, k: int, x_bound: int, kind: str, tail: tuple, prologue: Prologue) -> None:
     """Calls the library's quantiser of `kind` ("i16", "u8" or "digits") on x, or its form with the
     prologue's row pass in front; tail: that quantiser's arguments after the bound."""
@@ -253,8 +259,7 @@ def _run_quantiser(x: torch.Tensor, k: int, x_bound: int, kind: str, tail: tuple
     else:
         block, glu = prologue.hadamard_block, isinstance(prologue, SwiGLU)
         name = "SwiGLU" if glu else "The Hadamard"
-        if x.shape[1] != (2 * k if glu else k) or block < 0 or (block and (block & (block - 1) or k % block)) or (
-                not glu and not block):
+        if x.shape[1] != (2 * k if glu else k) or not hadamard_block_fits(block, k) or (not glu and not block):
             raise ValueError(f"{name} in front of a {k}-wide quantiser needs x (M, {2 * k if glu else k}) and a "
                              f"Hadamard block that is {'0 or ' if glu else ''}a power of two dividing {k}, got "
                              f"{tuple(x.shape)}, block {block}")

@@ -25,7 +25,7 @@ from .attention import ForestAttention
 from kernels.cpu import decoder_layer
 from kernels.cpu.prologues import ROTARY_HEAD, Hadamard, RmsNorm, Rotary, SwiGLU
 
-from .layers import RotaryTable, apply_rotary, rms_norm
+from .layers import RotaryTable, apply_rotary, library_runs_prologue, rms_norm
 from .loader import LayerWeights, ModelWeights
 from .spec import ModelSpec
 from .quant import Int8Linear, make_linear
@@ -118,7 +118,7 @@ class ForestTransformer:
         eligible = p.qkv is not None and all(
             type(x) is Int8Linear and x.group is None and x.kernels != "triton" and x.w.fused is not None and
             decoder_layer.runs_in_one_call(x.w.fused) for x in key) and self._rotary_in_qkv(lw, p) and \
-            not block & (block - 1) and lw.input_norm.device.type == "cpu"
+            library_runs_prologue(Hadamard(block)) and lw.input_norm.device.type == "cpu"
         layer = None
         if eligible:
             qkv, o, gate_up, down = (decoder_layer.Projection(x.w.fused, x.w.x_bound, x.w_scale, x.bias) for x in key)
