@@ -150,6 +150,33 @@ PRISM_AVX512 inline void store16(__m512i sum, int row, int col, int valid, const
   store16(sums, row, col, valid, e);
 }
 
+// 16 columns' share of the epilogue, read once for a tile's rows: their w_scale as float64, 8 lanes a
+// half, and their bias (null: none). The epilogues below take the epilogue's fields as locals: a masked
+// or unaligned store may alias anything, so code reading them from `Epilogue` re-read every field, and
+// re-widened every scale, after each store (~80 instructions a 16-column store in the tile's epilogue,
+// a quarter of a 576-deep product's time).
+struct Columns16 {
+  __m512d ws[2];
+  const float* bias;
+};
+PRISM_VNNI inline Columns16 columns16(const float* w_scale, const float* bias, int col) {
+  return {{_mm512_cvtps_pd(_mm256_loadu_ps(w_scale + col)), _mm512_cvtps_pd(_mm256_loadu_ps(w_scale + col + 8))},
+          bias ? bias + col : nullptr};
+}
+
+// 16 corrected int32 sums of one output row dequantised by store16's operations, (float)((sum *
+// x_scale[row]) * w_scale[c]) (+ bias[c]) per lane (the float64 steps 8 lanes at a time), as one
+// float32 vector. xs: x_scale[row] broadcast as float64.
+PRISM_VNNI inline __m512 dequantise16(__m512i sum, __m512d xs, const Columns16& c) {
+  __m256 half[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512d s = _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(sum, 1) : _mm512_castsi512_si256(sum));
+    half[h] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(s, xs), c.ws[h]));
+  }
+  const __m512 v = _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);
+  return c.bias ? _mm512_add_ps(v, _mm512_loadu_ps(c.bias)) : v;
+}
+
 // The operands of one product: X's rows and, for every tile of MR rows, where its int32 runs end.
 struct Operand {
   const int16_t* x;      // (m, 2 * kpairs)
@@ -369,24 +396,11 @@ constexpr int NR8 = 32;  // columns per panel: two 16-lane int32 accumulators pe
 constexpr int MR8 = 6;   // rows per tile, over two panels (tile8)
 
 // The SwiGLU epilogue of one row of a panel: gate and up, the corrected int32 sums of its two 16-column
-// halves, dequantised by store16's operations ((float)((sum * x_scale) * w_scale) + bias, 8 lanes per
-// float64 step) and multiplied as SwiGLU's row pass does (vec.h's silu_times, 16 lanes): the bits of
-// the dequantised gate_up output followed by rowwise's swiglu. Writes out's 16 columns col / 2...
-PRISM_VNNI inline __m512 dequantise16(__m512i sum, int row, int col, const Epilogue& e) {
-  const __m512d xs = _mm512_set1_pd((double)e.x_scale[row]);
-  __m256 half[2];
-  for (int h = 0; h < 2; ++h) {
-    const __m512d s = _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(sum, 1) : _mm512_castsi512_si256(sum));
-    const __m512d ws = _mm512_cvtps_pd(_mm256_loadu_ps(e.w_scale + col + 8 * h));
-    half[h] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(s, xs), ws));
-    if (e.bias) half[h] = _mm256_add_ps(half[h], _mm256_loadu_ps(e.bias + col + 8 * h));
-  }
-  return _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);
-}
-
-PRISM_VNNI inline void glu16(__m512i gate, __m512i up, int row, int col, const Epilogue& e) {
-  const __m512 g = dequantise16(gate, row, col, e), u = dequantise16(up, row, col + 16, e);
-  _mm512_storeu_ps(static_cast<float*>(e.out) + (long)row * (e.n / 2) + col / 2, avx512::silu_times(g, u));
+// halves (columns gate, up), dequantised (dequantise16) and multiplied as SwiGLU's row pass does
+// (vec.h's silu_times, 16 lanes): the bits of the dequantised gate_up output followed by rowwise's
+// swiglu, into dst's 16 columns.
+PRISM_VNNI inline void glu16(__m512i gate, __m512i up, __m512d xs, const Columns16& g, const Columns16& u, float* dst) {
+  _mm512_storeu_ps(dst, avx512::silu_times(dequantise16(gate, xs, g), dequantise16(up, xs, u)));
 }
 
 // R rows by P panels (P <= 2): 2 P int32 accumulators a row, the panels' P k-quad rows (2 P weight
@@ -413,21 +427,49 @@ PRISM_VNNI inline void tile8(const uint8_t* x, long ldx, int kquads, const int8_
       for (int h = 0; h < 2 * P; ++h) acc[r][h] = dpbusd(acc[r][h], a, b[h]);
     }
   }
+  // the epilogue straight from the registers, the fields it reads in locals (Columns16)
+  const float* const x_scale = e.x_scale;
   if (e.swiglu) {  // whole panels only (the caller checks n % 32 == 0)
+    const long ldo = e.n / 2;
+    float* const out = static_cast<float*>(e.out) + (long)row * ldo + col / 2;
     for (int p = 0; p < P; ++p) {
       const int pcol = col + p * NR8;
       const __m512i c0 = _mm512_loadu_si512(corr + pcol), c1 = _mm512_loadu_si512(corr + pcol + 16);
+      const Columns16 gate = columns16(e.w_scale, e.bias, pcol), up = columns16(e.w_scale, e.bias, pcol + 16);
       for (int r = 0; r < R; ++r)
-        glu16(_mm512_sub_epi32(acc[r][2 * p], c0), _mm512_sub_epi32(acc[r][2 * p + 1], c1), row + r, pcol, e);
+        glu16(_mm512_sub_epi32(acc[r][2 * p], c0), _mm512_sub_epi32(acc[r][2 * p + 1], c1),
+              _mm512_set1_pd((double)x_scale[row + r]), gate, up, out + r * ldo + p * NR8 / 2);
     }
     return;
   }
-  for (int r = 0; r < R; ++r) {  // straight from the registers (store16: store_row's operations, 16 lanes)
-    for (int h = 0; h < 2 * P && 16 * h < ncols; ++h)
-      store16(_mm512_sub_epi32(acc[r][h], _mm512_loadu_si512(corr + col + 16 * h)), row + r, col + 16 * h,
-              ncols - 16 * h, e);
-    if (P * NR8 == ROTARY_HEAD && col < e.rotary_cols) rotate_head(row + r, col, e);
+  if (!x_scale || ncols < P * NR8) {  // raw float64 sums, or a panel's last columns: store16's masks
+    for (int r = 0; r < R; ++r) {
+      for (int h = 0; h < 2 * P && 16 * h < ncols; ++h)
+        store16(_mm512_sub_epi32(acc[r][h], _mm512_loadu_si512(corr + col + 16 * h)), row + r, col + 16 * h,
+                ncols - 16 * h, e);
+      if (P * NR8 == ROTARY_HEAD && col < e.rotary_cols) rotate_head(row + r, col, e);
+    }
+    return;
   }
+  // every column: store16's operations (dequantise16), + residual last, 16 columns a store, column
+  // group by column group; the tile's columns lie on one side of `split` (a multiple of 64, as every
+  // tile's first column)
+  float* dst[R];
+  __m512d xs[R];
+  for (int r = 0; r < R; ++r) dst[r] = out_at(row + r, col, e), xs[r] = _mm512_set1_pd((double)x_scale[row + r]);
+  const float* const residual = e.residual ? e.residual + (long)row * e.n + col : nullptr;
+  const long ldr = e.n;
+  for (int h = 0; h < 2 * P; ++h) {
+    const __m512i c = _mm512_loadu_si512(corr + col + 16 * h);
+    const Columns16 columns = columns16(e.w_scale, e.bias, col + 16 * h);
+    for (int r = 0; r < R; ++r) {
+      __m512 v = dequantise16(_mm512_sub_epi32(acc[r][h], c), xs[r], columns);
+      if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + r * ldr + 16 * h), v);
+      _mm512_storeu_ps(dst[r] + 16 * h, v);
+    }
+  }
+  if (P * NR8 == ROTARY_HEAD && col < e.rotary_cols)
+    for (int r = 0; r < R; ++r) rotate_head(row + r, col, e);
 }
 
 // Rows r0..r1-1 of one group of P panels: whole tiles, then the last tile's rows (fewer than MR8).
@@ -649,7 +691,9 @@ PRISM_AMX inline void amx_tile(const uint8_t* x, long ldx, int kquads, const int
     for (int rt = 0; rt < RT; ++rt)
       for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r)
         glu16(_mm512_sub_epi32(_mm512_load_si512(&c[rt][r][0]), c0),
-              _mm512_sub_epi32(_mm512_load_si512(&c[rt][r][16]), c1), row + 16 * rt + r, col, e);
+              _mm512_sub_epi32(_mm512_load_si512(&c[rt][r][16]), c1),
+              _mm512_set1_pd((double)e.x_scale[row + 16 * rt + r]), columns16(e.w_scale, e.bias, col),
+              columns16(e.w_scale, e.bias, col + 16), static_cast<float*>(e.out) + (long)(row + 16 * rt + r) * (e.n / 2) + col / 2);
     return;
   }
   for (int rt = 0; rt < RT; ++rt)
