@@ -1,10 +1,12 @@
 """Configuration validation, the config.pbtxt rendering of the launcher, and the CLI's flags."""
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
+from prism_backend import processes
 from prism_backend.config import ConfigError, EngineConfig
 from prism_launcher.server import (
     MODEL_REPOSITORY, ServerOptions, log_summary, render_model_repository, set_instance_count,
@@ -141,3 +143,20 @@ def test_serve_says_which_model_could_not_load_and_why(tmp_path, model_dir):
     assert "prism: the server did not start: tritonserver exited with code" in errors, done.stderr
     assert "failed to load 'prism_decision'" in errors and "SafetensorError" in errors, done.stderr
     assert "Traceback (most recent call last)" not in done.stderr.split("errors in the log:")[0]
+
+
+def test_free_ports_lie_below_the_ephemeral_range_each_once(monkeypatch):
+    """Servers started on "any free port" (the launcher's replicas, the router, the tests' servers) get a
+    port no outgoing connection can take before they bind it -- one below the kernel's ephemeral range --
+    never the same one twice in a process, and never one that something already holds."""
+    low, _ = processes.ephemeral_ports()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(processes.LISTEN_PORTS_FROM <= port < low for port in ports)
+    size = low - processes.LISTEN_PORTS_FROM
+    with socket.socket() as held:  # a port in use is passed over: the walk goes on to the next free one
+        held.bind(("127.0.0.1", ports[0]))
+        held.listen()
+        monkeypatch.setattr(processes, "_next_port", [ports[0] - processes.LISTEN_PORTS_FROM])
+        after = free_port()
+        assert after != ports[0] and 0 < (after - ports[0]) % size < 256
