@@ -688,12 +688,17 @@ PRISM_AMX inline void amx_tile(const uint8_t* x, long ldx, int kquads, const int
   }
   if (e.swiglu) {  // whole panels only (the caller checks n % 32 == 0): the VNNI tile's epilogue, glu16
     const __m512i c0 = _mm512_loadu_si512(corr + col), c1 = _mm512_loadu_si512(corr + col + 16);
+    const Columns16 gate = columns16(e.w_scale, e.bias, col), up = columns16(e.w_scale, e.bias, col + 16);
+    const float* const x_scale = e.x_scale;
+    const long ldo = e.n / 2;
+    float* const out = static_cast<float*>(e.out) + col / 2;
     for (int rt = 0; rt < RT; ++rt)
-      for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r)
+      for (int r = 0; r < 16 && row + 16 * rt + r < m; ++r) {
+        const int i = row + 16 * rt + r;
         glu16(_mm512_sub_epi32(_mm512_load_si512(&c[rt][r][0]), c0),
-              _mm512_sub_epi32(_mm512_load_si512(&c[rt][r][16]), c1),
-              _mm512_set1_pd((double)e.x_scale[row + 16 * rt + r]), columns16(e.w_scale, e.bias, col),
-              columns16(e.w_scale, e.bias, col + 16), static_cast<float*>(e.out) + (long)(row + 16 * rt + r) * (e.n / 2) + col / 2);
+              _mm512_sub_epi32(_mm512_load_si512(&c[rt][r][16]), c1), _mm512_set1_pd((double)x_scale[i]), gate, up,
+              out + i * ldo);
+      }
     return;
   }
   for (int rt = 0; rt < RT; ++rt)
