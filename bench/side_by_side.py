@@ -267,10 +267,22 @@ def prism_tickets(server_index: int) -> int:
     return 10**5 + 10**4 * server_index
 
 
+# Requests per throughput level: at least MIN_THROUGHPUT_REQUESTS. With 2 * concurrency + 2 alone one
+# caller sent 4, ~2 s, and the first (after SETTLE_S idle, slower on these VMs' idle cores) weighed a
+# quarter: the one-caller ratio read 1.68x and 1.49x in two Zen 4 runs (2026-12-06, -07) whose 4- and
+# 8-caller ratios stayed within 0.04 of each other.
+MIN_THROUGHPUT_REQUESTS = 12
+
+
+def throughput_requests(concurrency: int) -> int:
+    """How many requests a throughput level sends: every caller busy twice over, plus two."""
+    return max(MIN_THROUGHPUT_REQUESTS, 2 * concurrency + 2)
+
+
 def throughput_tickets(base: int, concurrency: int) -> list[list[dict]]:
-    """2 * concurrency + 2 new tickets (workload (a) each), none shared with another concurrency's
-    or engine's: a ticket sent twice would be a prefix-cache hit for a server that keeps one."""
-    return [workload_a(base + 1000 * concurrency + k) for k in range(2 * concurrency + 2)]
+    """throughput_requests(concurrency) new tickets (workload (a) each), none shared with another
+    concurrency's or engine's: a ticket sent twice would be a prefix-cache hit for a server that keeps one."""
+    return [workload_a(base + 1000 * concurrency + k) for k in range(throughput_requests(concurrency))]
 
 
 def throughput(send, concurrency: int, requests: list) -> float:
@@ -666,6 +678,8 @@ def write_report(args, workloads, times, memory, throughput_rows, concurrency, p
             lines.append(f"| {w} | {e} | {med[w][e]:.0f} | {min(ms):.0f}-{max(ms):.0f} | "
                          f"{med[w][e] / med[w][base]:.2f}x |")
     lines += ["", "## (d) Throughput, requests/s (a request = a new ticket with 3 questions)", "",
+              "Requests per level: " + ", ".join(f"{throughput_requests(c)} at concurrency {c}" for c in concurrency) + ".",
+              "",
               "| server | " + " | ".join(f"concurrency {c}" for c in concurrency) + " |",
               "|---|" + "---|" * len(concurrency)]
     for label, row in throughput_rows.items():

@@ -3,7 +3,8 @@ import threading
 
 import pytest
 
-from side_by_side import VLLM_TICKETS, alternate, peers_alternately, prism_tickets, throughput, throughput_tickets
+from side_by_side import (MIN_THROUGHPUT_REQUESTS, VLLM_TICKETS, alternate, peers_alternately, prism_tickets, throughput,
+                          throughput_tickets)
 
 LEVELS = (1, 4, 8)
 
@@ -13,7 +14,8 @@ def test_throughput_tickets_are_new_at_every_level_and_for_every_server():
     8-caller rates were once inflated that way): no material may repeat anywhere in a run."""
     bases = [prism_tickets(i) for i in range(3)] + [VLLM_TICKETS]  # the bench's three servers, and vLLM's
     materials = [r["material"] for base in bases for c in LEVELS for ticket in throughput_tickets(base, c) for r in ticket]
-    assert len(materials) == len(set(materials)) == len(bases) * sum(2 * c + 2 for c in LEVELS)
+    assert len(materials) == len(set(materials)) == len(bases) * sum(max(MIN_THROUGHPUT_REQUESTS, 2 * c + 2) for c in LEVELS)
+    assert all(len(throughput_tickets(VLLM_TICKETS, c)) >= MIN_THROUGHPUT_REQUESTS for c in LEVELS)
 
 
 def test_throughput_sends_every_request_once_with_the_given_concurrency():
