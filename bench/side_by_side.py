@@ -275,7 +275,8 @@ MIN_THROUGHPUT_REQUESTS = 12
 
 
 def throughput_requests(concurrency: int) -> int:
-    """How many requests a throughput level sends: every caller busy twice over, plus two."""
+    """How many requests a throughput level sends: every caller busy twice over, plus two, and never
+    fewer than MIN_THROUGHPUT_REQUESTS."""
     return max(MIN_THROUGHPUT_REQUESTS, 2 * concurrency + 2)
 
 
