@@ -8,7 +8,7 @@ import torch
 from prism_backend.config import ConfigError, EngineConfig
 from prism_backend.engine import calibration
 from prism_backend.engine.forest_builder import build_forest
-from prism_backend.model import hadamard
+from prism_backend.model import hadamard, rotation
 from prism_backend.model.gptq import gptq
 from prism_backend.model.loader import load_model
 from prism_backend.model.rotation import down_block, online_down, rotate
@@ -143,8 +143,8 @@ def test_rotation_runs_on_one_thread_and_gives_the_pool_back(tiny_model_dir, mon
     """Element-wise passes on one thread (two threads on busy cores wait for each other at every
     pass); the caller's thread count is restored."""
     seen = []
-    transform = hadamard.transform
-    monkeypatch.setattr(hadamard, "transform", lambda *a, **k: seen.append(torch.get_num_threads()) or transform(*a, **k))
+    transform = rotation._transform  # hadamard.transform, or the kernel library's copy of it
+    monkeypatch.setattr(rotation, "_transform", lambda *a, **k: seen.append(torch.get_num_threads()) or transform(*a, **k))
     spec, weights = load_model(tiny_model_dir("llama_tied"))
     with torch_threads(2):
         rotate(spec, weights)

@@ -36,10 +36,12 @@ from kernels.cpu.features import has_amx_int8, has_avx2, has_avx512_vnni, wide_l
 from kernels.cpu.prologues import ROTARY_HEAD, Prologue, RmsNorm, Rotary, SwiGLU
 
 CSRC = Path(__file__).parent / "csrc"
-# the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py)
-# and the decoder's row-wise passes (kernels/cpu/rowwise.py), and a decoder layer in one call over them all
-# (kernels/cpu/decoder_layer.py); the headers they include are in CSRC too
-SOURCES = tuple(CSRC / name for name in ("exact_gemm.cpp", "tree_attention.cpp", "rowwise.cpp", "decoder_layer.cpp"))
+# the one library holds every CPU kernel: these GEMMs, tree attention (kernels/cpu/tree_attention.py),
+# the decoder's row-wise passes (kernels/cpu/rowwise.py), a decoder layer in one call over them all
+# (kernels/cpu/decoder_layer.py) and the calibration's float64 steps (kernels/cpu/calibration.py); the
+# headers they include are in CSRC too
+SOURCES = tuple(CSRC / name for name in ("exact_gemm.cpp", "tree_attention.cpp", "rowwise.cpp", "decoder_layer.cpp",
+                                         "calibration.cpp"))
 PACKAGE_LIB = Path(__file__).parent / "lib"  # kernels/cpu/lib: where an export puts the built library
 PANEL = 16  # output columns per packed panel (NR in the source)
 INT32_MAX = 2**31 - 1
@@ -160,6 +162,13 @@ def load():
         lib.prism_rotary.restype = None
         lib.prism_rotary.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 3 + [
             ctypes.c_int]
+        lib.prism_gptq_block.restype = None  # (w, rows, width, ldw, s, u, ldu, bound, q, ldq, err, lderr)
+        lib.prism_gptq_block.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_long, ctypes.c_double, ctypes.c_void_p, ctypes.c_long,
+                                         ctypes.c_void_p, ctypes.c_long]
+        lib.prism_hadamard_f64.restype = None  # (x, vectors, order, factors, count, signs)
+        lib.prism_hadamard_f64.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                           ctypes.c_void_p]
         _lib = lib
     return _lib
 

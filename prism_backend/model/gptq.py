@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from kernels.cpu import calibration as calibration_kernels
+
 from ..config import ComputeSettings
 from .fixed_point import FLOAT64_INTEGER_BITS, to_fixed
 from .layers import apply_prologue
@@ -42,6 +44,7 @@ DAMP = 0.01  # dampening, a fraction of the mean diagonal of H
 
 HESSIAN_BITS = 20  # |q| <= 2^20 per input: products below 2^40, so 2^13 rows sum exactly in float64
 HESSIAN_ROWS = 1 << (FLOAT64_INTEGER_BITS - 2 * HESSIAN_BITS)  # rows per exact product
+HESSIAN_BLOCK = 192  # columns per block of H: only the blocks on and above the diagonal are multiplied
 
 
 class Hessian:
@@ -49,20 +52,35 @@ class Hessian:
     on every machine (a float64 Xᵀ X through BLAS sums in a CPU-dependent order)."""
 
     def __init__(self, width: int):
-        self.h = torch.zeros(width, width, dtype=torch.float64)
+        self.upper = torch.zeros(width, width, dtype=torch.float64)  # H's blocks on and above the diagonal
         self.rows = 0
 
     def add(self, x: torch.Tensor) -> None:
         """x: (N, width) float32 inputs of the projection. Each row becomes a 20-bit integer vector
         times a power of two (fixed_point.to_fixed); the rows sharing a power are multiplied together
         exactly (float64 integers below 2^53: no order can change the sum), and those products are
-        added into H one power at a time, increasing: one fixed order of float64 roundings."""
+        added into H one power at a time, increasing: one fixed order of float64 roundings. H is
+        symmetric, so only its blocks on and above the diagonal are computed (~60% of the products
+        for widths of 576-1536); `h` mirrors them."""
         q, e = to_fixed(x, HESSIAN_BITS)  # (N, width) integers, (N, 1)
         e = e[:, 0]
+        width = q.shape[1]
         for power in torch.unique(e).tolist():  # ascending
+            scale = math.ldexp(1.0, 2 * power)
             for chunk in q[e == power].split(HESSIAN_ROWS):
-                self.h.add_((chunk.T @ chunk).mul_(math.ldexp(1.0, 2 * power)))
+                for start in range(0, width, HESSIAN_BLOCK):
+                    end = min(start + HESSIAN_BLOCK, width)
+                    self.upper[start:end, start:].add_((chunk[:, start:end].T @ chunk[:, start:]).mul_(scale))
         self.rows += x.shape[0]
+
+    @property
+    def h(self) -> torch.Tensor:
+        """H (width, width) float64. Its entries below the diagonal are taken from above it (a
+        selection, no arithmetic): each entry of a product is an exact integer, so H[i, j] and H[j, i]
+        are the same number."""
+        width = self.upper.shape[0]
+        above = torch.ones(width, width, dtype=torch.bool).triu_()
+        return torch.where(above, self.upper, self.upper.T)
 
 
 def gptq(weight: torch.Tensor, h: torch.Tensor, bound: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,20 +102,29 @@ def gptq(weight: torch.Tensor, h: torch.Tensor, bound: int = 127) -> tuple[torch
     u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
     q = torch.zeros_like(w)
+    round_block = calibration_kernels.gptq_block if calibration_kernels.available() else _round_block
     for start in range(0, in_dim, BLOCK):
         end = min(start + BLOCK, in_dim)
-        w_block = w[:, start:end].clone()
-        err_block = torch.zeros_like(w_block)
-        u_block = u[start:end, start:end]
-        for j in range(end - start):
-            column = w_block[:, j]
-            q_col = torch.clamp(torch.round(column / s[:, 0]), -bound, bound)
-            q[:, start + j] = q_col
-            err = (column - q_col * s[:, 0]) / u_block[j, j]
-            w_block[:, j:] -= err[:, None] * u_block[j, j:][None, :]
-            err_block[:, j] = err
+        err_block = round_block(w[:, start:end], s[:, 0], u[start:end, start:end], bound, q[:, start:end])
         w[:, end:] -= err_block @ u[start:end, end:]
     return q.float(), scale
+
+
+def _round_block(w: torch.Tensor, s: torch.Tensor, u: torch.Tensor, bound: int, q: torch.Tensor) -> torch.Tensor:
+    """GPTQ's rounding of one block of columns, column by column: w (out, B) the block's weights (not
+    written), s (out,) the scales, u (B, B) the block of U, q (out, B) where the integers go -> the
+    block's errors (out, B), each divided by its diagonal entry of U. The reference of the kernel
+    library's gptq_block (kernels/cpu/calibration.py: the same operations per element, ~10x faster)."""
+    w = w.clone()
+    err_block = torch.zeros_like(w)
+    for j in range(w.shape[1]):
+        column = w[:, j]
+        q_col = torch.clamp(torch.round(column / s), -bound, bound)
+        q[:, j] = q_col
+        err = (column - q_col * s) / u[j, j]
+        w[:, j:] -= err[:, None] * u[j, j:][None, :]
+        err_block[:, j] = err
+    return err_block
 
 
 class _Recorder:

@@ -68,6 +68,12 @@ def factors(n: int) -> tuple[int, ...] | None:
     return None
 
 
+def factor_matrix(order: int) -> torch.Tensor:
+    """(order, order) float64 of +-1: what `transform` multiplies by along a factor of that order
+    (Sylvester's [[1, 1], [1, -1]] for 2, Paley's for the others)."""
+    return torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64) if order == 2 else paley(order)
+
+
 def is_supported(n: int) -> bool:
     return factors(n) is not None
 
