@@ -16,7 +16,9 @@ float32's 24; the calibration statistics need far less.
 """
 from __future__ import annotations
 
+import collections
 import math
+import weakref
 
 import torch
 
@@ -44,23 +46,44 @@ def to_fixed(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x.to(torch.float64).mul_(power_of_two(-e)).round_(), e
 
 
+HELD_WEIGHTS = 8  # rounded weights kept at once: a layer's projections and the next layer's
+
+
 class FixedPointLinear:
     """A linear map whose output bits depend only on its inputs: x W^T + b with x's rows and W's
     rows rounded to `operand_bits(in)`-bit integers (power-of-two scales), the product exact in
     float64, rounded once to float32. Replaces an fp32 projection where the bits must not depend on
     the CPU (the calibration forwards); ~2e-7 relative off the float64 product (float32's own
-    rounding: 6e-8). W is rounded at each call rather than kept: no second copy of the weights."""
+    rounding: 6e-8). W's rounding is kept for the last HELD_WEIGHTS instances that used one, not for
+    all: GPTQ's forward runs every forest through a layer before the next (layer_by_layer), so a
+    layer's projections reuse theirs (a quarter of that forward's time went to rounding W again),
+    while the float64 copies of a whole model's weights (twice its fp32 size) are never held."""
+
+    _holding: collections.deque = collections.deque()  # weak references to the holders, oldest first
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        """weight (out, in) float32, bias (out,) or None."""
+        """weight (out, in) float32 (not changed while this map is used), bias (out,) or None."""
         self.weight, self.bias = weight, bias
         self.bits = operand_bits(weight.shape[1])
+        self._held: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _rounded_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """to_fixed(W): (out, in) float64 integers, (out, 1) exponents; the same numbers computed or kept."""
+        if self._held is None:
+            self._held = to_fixed(self.weight, self.bits)
+            holding = FixedPointLinear._holding
+            holding.append(weakref.ref(self))
+            while len(holding) > HELD_WEIGHTS:
+                oldest = holding.popleft()()
+                if oldest is not None:
+                    oldest._held = None
+        return self._held
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue=None) -> torch.Tensor:
         """x (N, in) float32 -> (N, out) float32 (+ residual (N, out) last, where given); prologue: x is
         that row pass's input (kernels/cpu/prologues.py, applied first)."""
         x = apply_prologue(prologue, x)
-        w_int, w_exponent = to_fixed(self.weight, self.bits)  # (out, in), (out, 1)
+        w_int, w_exponent = self._rounded_weight()  # (out, in), (out, 1)
         x_int, x_exponent = to_fixed(x, self.bits)  # (N, in), (N, 1)
         acc = x_int @ w_int.T  # (N, out): exact integers, whatever the BLAS does
         out = acc.mul_(power_of_two(x_exponent)).mul_(power_of_two(w_exponent.T)).to(torch.float32)
