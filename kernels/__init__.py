@@ -10,6 +10,8 @@
                         embedding), the same bits as their torch ops (csrc/rowwise.cpp, same library)
       decoder_layer.py  a decoder layer in one call over those kernels (csrc/decoder_layer.cpp, same
                         library): the Python pipeline's steps and bits without the interpreter between them
+      calibration.py    the calibration's float64 steps (GPTQ's column rounding, the offline rotation's
+                        Hadamard transform), the same bits as their torch references (csrc/calibration.cpp)
       features.py       what this CPU runs (its flags), PRISM_CPU_ISA to make it act as an AVX2-only one
     triton/   OpenAI Triton-lang kernels for the GPU path
       exact_gemm.py     int8 x int8 -> exact int32 sums, dequantisation fused into the epilogue, no split-K

@@ -75,13 +75,27 @@ def _build() -> Path:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             partial = folder / f".{target.name}.{os.getpid()}"  # instances may build at once: rename is atomic
-            subprocess.run(["g++", *FLAGS, "-o", str(partial), *map(str, SOURCES)], check=True, capture_output=True,
-                           text=True)
+            _compile(partial)
             os.replace(partial, target)
             return target
         except (OSError, subprocess.CalledProcessError) as exc:
             errors.append(f"{folder}: {getattr(exc, 'stderr', '') or exc}")
     raise RuntimeError("; ".join(errors))
+
+
+def _compile(target: Path) -> None:
+    """g++ FLAGS -o target SOURCES, each source compiled by its own g++ at once and then linked: the same
+    objects as one g++ call compiles one after another (~10 s on the Zen 4, ~5 on its two cores so)."""
+    with tempfile.TemporaryDirectory(prefix=f"{target.name}.objects.", dir=target.parent) as folder:
+        objects = [str(Path(folder) / f"{source.stem}.o") for source in SOURCES]
+        jobs = [subprocess.Popen(["g++", *(f for f in FLAGS if f != "-shared"), "-c", "-o", obj, str(source)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for source, obj in zip(SOURCES, objects)]
+        results = [(job, *job.communicate()) for job in jobs]  # every compiler waited for, failed or not
+        for job, out, err in results:
+            if job.returncode:
+                raise subprocess.CalledProcessError(job.returncode, job.args, out, err)
+        subprocess.run(["g++", *FLAGS, "-o", str(target), *objects], check=True, capture_output=True, text=True)
 
 
 def load():
