@@ -88,14 +88,22 @@ def test_the_rotation_is_the_same_with_the_kernel_and_without(tiny_model_dir, ar
             assert (getattr(x, name) is None and getattr(y, name) is None) or torch.equal(getattr(x, name), getattr(y, name))
 
 
-@pytest.mark.parametrize("width", [96, 200, 576, 1536])
-def test_the_hessian_from_its_upper_blocks_is_the_full_product(width):
-    """Only the blocks on and above the diagonal are multiplied; mirrored, H has the bits of the full
-    product the calibration used before (every product exact, added power by power in the same order)."""
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+@pytest.mark.parametrize("width", [13, 96, 200, 576, 1540])
+def test_the_hessian_from_its_upper_triangle_is_the_full_product(width, kernel, monkeypatch):
+    """Only the entries on and above the diagonal are computed (by the kernel library's hessian_add, or
+    torch's products of H's blocks); mirrored, H has the bits of the full product the calibration used
+    before (every product exact, added power by power in the same order). Widths with partial tiles
+    and panels; more rows of one power than one exact product takes (HESSIAN_ROWS)."""
+    if not kernel:
+        monkeypatch.setattr(calibration_kernels, "available", lambda: False)
     g = torch.Generator().manual_seed(width)
     h, calls = Hessian(width), []
-    for rows in (213, 5, 700):
+    for rows in (213, 5, 700, HESSIAN_ROWS + 300):
         x = torch.randn(rows, width, generator=g) * torch.rand(rows, 1, generator=g).mul_(8)
+        if rows > HESSIAN_ROWS:
+            x = torch.randn(rows, width, generator=g).clamp_(-0.7, 0.7)
+            x[:, 0] = 0.75  # every row's largest |x|: one power of two for all of them
         x[:, 3] = 0
         h.add(x)
         calls.append(x)
@@ -106,4 +114,4 @@ def test_the_hessian_from_its_upper_blocks_is_the_full_product(width):
             for chunk in q[e[:, 0] == power].split(HESSIAN_ROWS):
                 full.add_((chunk.T @ chunk).mul_(math.ldexp(1.0, 2 * power)))
     assert torch.equal(h.h, full) and torch.equal(torch.signbit(h.h), torch.signbit(full))
-    assert h.rows == 918
+    assert h.rows == 918 + HESSIAN_ROWS + 300

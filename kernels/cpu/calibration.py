@@ -1,8 +1,9 @@
 """The calibration's float64 steps on x86 CPUs (csrc/calibration.cpp, built into the kernel library):
-GPTQ's rounding of a block of columns and the Hadamard transform of the offline rotation, the same IEEE
-operations in the same order as their torch references (prism_backend/model/gptq.py's _round_block,
-prism_backend/model/hadamard.transform), so the same bits -- without a torch call and its temporaries per
-column (GPTQ) or per factor row (the Hadamard), which made them most of a cold start's calibration.
+GPTQ's rounding of a block of columns, the Hadamard transform of the offline rotation and the Hessians'
+accumulation, the same IEEE operations in the same order as their torch references
+(prism_backend/model/gptq.py's _round_block and Hessian, prism_backend/model/hadamard.transform), so the
+same bits -- without a torch call and its temporaries per column (GPTQ), per factor row (the Hadamard) or
+per pass over H (the Hessians), which made them most of a cold start's calibration.
 tests/test_calibration_kernels.py compares each with its reference."""
 from __future__ import annotations
 
@@ -50,3 +51,21 @@ def hadamard_f64(x: torch.Tensor, order: int, factors: tuple[int, ...], signs: l
     _library().prism_hadamard_f64(out.data_ptr(), out.numel() // order, order, sizes.data_ptr(), len(factors),
                                   table.data_ptr())
     return out
+
+
+def hessian_add(q: torch.Tensor, ends: list[int], scales: list[float], h: torch.Tensor) -> None:
+    """h (W, W) float64, contiguous: h += sum over groups g of (Q_g^T Q_g) * scales[g], group by group in
+    order, on and above the diagonal (and the rest of each 4 x 8 tile that holds such entries; what is
+    below is not read). q (R, W) float64 integers with |q| <= 2^20, its rows in groups of at most 2^13:
+    group g is rows [ends[g - 1], ends[g]). Each group's sums are exact, so the one rounding per group
+    and entry is the torch reference's (model/gptq.Hessian)."""
+    rows, width = q.shape
+    if q.dtype != torch.float64 or h.dtype != torch.float64 or h.shape != (width, width):
+        raise ValueError(f"hessian_add: q {q.dtype} {tuple(q.shape)}, h {h.dtype} {tuple(h.shape)}")
+    if not h.is_contiguous() or len(ends) != len(scales) or (ends and ends[-1] != rows):
+        raise ValueError("hessian_add: h must be contiguous and the groups must end at q's last row")
+    q = q.contiguous()
+    ends_t = torch.tensor(ends, dtype=torch.int32)
+    scales_t = torch.tensor(scales, dtype=torch.float64)
+    _library().prism_hessian_add(q.data_ptr(), rows, width, ends_t.data_ptr(), scales_t.data_ptr(), len(ends),
+                                 h.data_ptr(), torch.get_num_threads())

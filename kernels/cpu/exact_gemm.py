@@ -180,6 +180,9 @@ def load():
         lib.prism_gptq_block.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_double, ctypes.c_void_p, ctypes.c_long,
                                          ctypes.c_void_p, ctypes.c_long]
+        lib.prism_hessian_add.restype = None  # (q, rows, width, ends, scales, groups, h, threads)
+        lib.prism_hessian_add.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.prism_hadamard_f64.restype = None  # (x, vectors, order, factors, count, signs)
         lib.prism_hadamard_f64.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                            ctypes.c_void_p]

@@ -52,7 +52,7 @@ class Hessian:
     on every machine (a float64 Xᵀ X through BLAS sums in a CPU-dependent order)."""
 
     def __init__(self, width: int):
-        self.upper = torch.zeros(width, width, dtype=torch.float64)  # H's blocks on and above the diagonal
+        self.upper = torch.zeros(width, width, dtype=torch.float64)  # H on and above the diagonal (below: unused)
         self.rows = 0
 
     def add(self, x: torch.Tensor) -> None:
@@ -60,14 +60,20 @@ class Hessian:
         times a power of two (fixed_point.to_fixed); the rows sharing a power are multiplied together
         exactly (float64 integers below 2^53: no order can change the sum), and those products are
         added into H one power at a time, increasing: one fixed order of float64 roundings. H is
-        symmetric, so only its blocks on and above the diagonal are computed (~60% of the products
-        for widths of 576-1536); `h` mirrors them."""
+        symmetric, so only its entries on and above the diagonal are computed; `h` mirrors them. In
+        the kernel library where it loads (kernels/cpu/calibration.py: the same sums and roundings,
+        H read and written once a call), else torch's products of H's blocks."""
         q, e = to_fixed(x, HESSIAN_BITS)  # (N, width) integers, (N, 1)
         e = e[:, 0]
-        width = q.shape[1]
-        for power in torch.unique(e).tolist():  # ascending
-            scale = math.ldexp(1.0, 2 * power)
-            for chunk in q[e == power].split(HESSIAN_ROWS):
+        groups = [(math.ldexp(1.0, 2 * power), chunk) for power in torch.unique(e).tolist()  # ascending
+                  for chunk in q[e == power].split(HESSIAN_ROWS)]
+        if calibration_kernels.available():
+            ends = torch.tensor([len(chunk) for _, chunk in groups]).cumsum(0).tolist()
+            calibration_kernels.hessian_add(torch.cat([chunk for _, chunk in groups]), ends,
+                                            [scale for scale, _ in groups], self.upper)
+        else:
+            width = q.shape[1]
+            for scale, chunk in groups:
                 for start in range(0, width, HESSIAN_BLOCK):
                     end = min(start + HESSIAN_BLOCK, width)
                     self.upper[start:end, start:].add_((chunk[:, start:end].T @ chunk[:, start:]).mul_(scale))

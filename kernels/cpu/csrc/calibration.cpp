@@ -5,12 +5,17 @@
 //                       column rounded, its error moved onto the block's later columns along U
 //   prism_hadamard_f64  x -> x H for Kronecker products of small Hadamard matrices (model/hadamard.py's
 //                       transform): each factor's sums in increasing input order
+//   prism_hessian_add   H += Q_g^T Q_g 2^(2 p_g) group by group (model/gptq.Hessian.add): each group's
+//                       sums exact (integers below 2^53: any order, FMA or not), added into H in the
+//                       groups' order, one rounding each -- H's tile read and written once per call
 // Every element's value depends only on its own row's inputs (rows by one thread each, the caller's):
 // the bits do not depend on the vector width. The library is built with -ffp-contract=off: every
 // multiply and add rounds as written, as torch's separate element-wise kernels do.
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
+
+#include <omp.h>
 
 #include <algorithm>
 #include <vector>
@@ -19,6 +24,18 @@ constexpr int SIDE_BY_SIDE = 12;  // a factor's output sums computed at once (re
 
 // +-z as z XOR the sign bit: -0.0 where the entry is -1, else +0.0
 static inline __m256d sign_bit(double entry) { return _mm256_set1_pd(entry < 0 ? -0.0 : 0.0); }
+
+// One entry of prism_hessian_add, the same steps one lane at a time.
+static void hessian_entry(const double* q, int width, const int* ends, const double* scales, int groups, double* h,
+                          int i, int j) {
+  double value = h[(long)i * width + j];
+  for (int g = 0, r = 0; g < groups; ++g) {
+    double sum = 0.0;
+    for (; r < ends[g]; ++r) sum = sum + q[(long)r * width + i] * q[(long)r * width + j];
+    value = value + sum * scales[g];
+  }
+  h[(long)i * width + j] = value;
+}
 
 extern "C" {
 
@@ -98,6 +115,61 @@ void prism_hadamard_f64(double* x, long vectors, int order, const int* factors, 
       }
     }
   }
+}
+
+
+// q (rows, width) float64 integers, row-major, its rows sorted into groups: group g is rows
+// [ends[g - 1], ends[g]) (ends[-1] = 0), each with |q| <= 2^20 and at most 2^13 rows, so every sum of
+// products below is an exact integer in float64; h (width, width) row-major. For every i <= j (and
+// the rest of each 4 x 8 tile that holds such an entry): h_ij = h_ij + S_g scale_g for g = 0, 1, ...
+// in order, S_g = sum over the group's rows of q_ri q_rj (exact). S_g scale_g is exact (a power of two
+// within float64's range), so each addition is the one rounding torch's add_ of the scaled product
+// makes. As a GEMM is blocked: q packed into panels of 8 columns (each panel's rows contiguous), a
+// block of panels kept in L2 while every 4-row tile of H that reaches it runs over it;
+// tiles on `threads` threads -- which thread computes a tile changes no bit.
+void prism_hessian_add(const double* q, int rows, int width, const int* ends, const double* scales, int groups,
+                       double* h, int threads) {
+  const int panels = (width + 7) / 8, whole = width / 8, tiles_i = width / 4;
+  const int panels_in_l2 = std::max(1, (512 << 10) / (rows * 8 * (int)sizeof(double)));  // half of a 1 MB L2
+  std::vector<double> packed((size_t)panels * rows * 8, 0.0);
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < width; ++j) packed[((size_t)(j / 8) * rows + r) * 8 + j % 8] = q[(long)r * width + j];
+  for (int p0 = 0; p0 < whole; p0 += panels_in_l2) {
+    const int p1 = std::min(p0 + panels_in_l2, whole);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int t = 0; t < std::min(tiles_i, 2 * p1); ++t) {  // the 4-row tiles with an entry i <= j < 8 p1
+      const int i0 = 4 * t;
+      const double* yi = packed.data() + (size_t)(i0 / 8) * rows * 8 + i0 % 8;
+      for (int p = std::max(p0, i0 / 8); p < p1; ++p) {
+        const int j0 = 8 * p;
+        const double* xj = packed.data() + (size_t)p * rows * 8;
+        __m256d hv[4][2];
+        for (int a = 0; a < 4; ++a)
+          for (int b = 0; b < 2; ++b) hv[a][b] = _mm256_loadu_pd(h + (long)(i0 + a) * width + j0 + 4 * b);
+        int r = 0;
+        for (int g = 0; g < groups; ++g) {
+          __m256d acc[4][2];
+          for (int a = 0; a < 4; ++a) acc[a][0] = acc[a][1] = _mm256_setzero_pd();
+          for (; r < ends[g]; ++r) {
+            const __m256d x0 = _mm256_loadu_pd(xj + 8 * r), x1 = _mm256_loadu_pd(xj + 8 * r + 4);
+            for (int a = 0; a < 4; ++a) {
+              const __m256d y = _mm256_broadcast_sd(yi + 8 * r + a);
+              acc[a][0] = _mm256_fmadd_pd(y, x0, acc[a][0]);  // exact: integers below 2^53 throughout
+              acc[a][1] = _mm256_fmadd_pd(y, x1, acc[a][1]);
+            }
+          }
+          const __m256d scale = _mm256_set1_pd(scales[g]);
+          for (int a = 0; a < 4; ++a)
+            for (int b = 0; b < 2; ++b) hv[a][b] = _mm256_add_pd(hv[a][b], _mm256_mul_pd(acc[a][b], scale));
+        }
+        for (int a = 0; a < 4; ++a)
+          for (int b = 0; b < 2; ++b) _mm256_storeu_pd(h + (long)(i0 + a) * width + j0 + 4 * b, hv[a][b]);
+      }
+    }
+  }
+  for (int i = 0; i < width; ++i)  // the columns past the last whole panel, the rows past the last tile
+    for (int j = std::max(i, i < 4 * tiles_i ? 8 * whole : i); j < width; ++j)
+      hessian_entry(q, width, ends, scales, groups, h, i, j);
 }
 
 }  // extern "C"
