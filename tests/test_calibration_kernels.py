@@ -99,6 +99,7 @@ def test_the_hessian_from_its_upper_triangle_is_the_full_product(width, kernel, 
         monkeypatch.setattr(calibration_kernels, "available", lambda: False)
     g = torch.Generator().manual_seed(width)
     h, calls = Hessian(width), []
+    h.add(torch.zeros(0, width))  # no rows: nothing added
     for rows in (213, 5, 700, HESSIAN_ROWS + 300):
         x = torch.randn(rows, width, generator=g) * torch.rand(rows, 1, generator=g).mul_(8)
         if rows > HESSIAN_ROWS:

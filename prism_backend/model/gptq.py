@@ -67,7 +67,7 @@ class Hessian:
         e = e[:, 0]
         groups = [(math.ldexp(1.0, 2 * power), chunk) for power in torch.unique(e).tolist()  # ascending
                   for chunk in q[e == power].split(HESSIAN_ROWS)]
-        if calibration_kernels.available():
+        if groups and calibration_kernels.available():
             ends = torch.tensor([len(chunk) for _, chunk in groups]).cumsum(0).tolist()
             calibration_kernels.hessian_add(torch.cat([chunk for _, chunk in groups]), ends,
                                             [scale for scale, _ in groups], self.upper)

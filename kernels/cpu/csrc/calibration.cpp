@@ -129,6 +129,7 @@ void prism_hadamard_f64(double* x, long vectors, int order, const int* factors, 
 // tiles on `threads` threads -- which thread computes a tile changes no bit.
 void prism_hessian_add(const double* q, int rows, int width, const int* ends, const double* scales, int groups,
                        double* h, int threads) {
+  if (rows == 0) return;
   const int panels = (width + 7) / 8, whole = width / 8, tiles_i = width / 4;
   const int panels_in_l2 = std::max(1, (512 << 10) / (rows * 8 * (int)sizeof(double)));  // half of a 1 MB L2
   std::vector<double> packed((size_t)panels * rows * 8, 0.0);
