@@ -64,6 +64,21 @@ def test_fixed_point_linear_is_close_to_float64_and_depends_on_nothing_else():
             assert torch.equal(linear(x), y)
 
 
+def test_fixed_point_linear_keeps_the_last_roundings_of_its_weights_only():
+    """The rounded weights of the last HELD_WEIGHTS maps that used theirs are kept (GPTQ's
+    layer-by-layer forward reuses them), the older ones dropped; kept or recomputed, the same output."""
+    from prism_backend.model.fixed_point import HELD_WEIGHTS
+
+    torch.manual_seed(4)
+    maps = [FixedPointLinear(torch.randn(16, 40)) for _ in range(HELD_WEIGHTS + 3)]
+    x = torch.randn(5, 40)
+    first = [m(x) for m in maps]
+    held = [m._held is not None for m in maps]
+    assert held == [False] * 3 + [True] * HELD_WEIGHTS
+    assert all(torch.equal(m(x), y) for m, y in zip(maps, first))  # the dropped ones round again
+    assert all(torch.equal(m(x), FixedPointLinear(m.weight)(x)) for m in maps)
+
+
 def test_hessian_is_exact_whatever_the_row_order_and_thread_count():
     """Rows with the same power of two are summed exactly, so permuting them (another dgemm order)
     or another thread count changes no bit; and H is x^T x to float64 rounding of 20-bit inputs."""

@@ -69,15 +69,16 @@ class FixedPointLinear:
 
     def _rounded_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """to_fixed(W): (out, in) float64 integers, (out, 1) exponents; the same numbers computed or kept."""
-        if self._held is None:
-            self._held = to_fixed(self.weight, self.bits)
+        held = self._held  # a local: another thread's eviction may clear the attribute meanwhile
+        if held is None:
+            held = self._held = to_fixed(self.weight, self.bits)
             holding = FixedPointLinear._holding
             holding.append(weakref.ref(self))
             while len(holding) > HELD_WEIGHTS:
                 oldest = holding.popleft()()
                 if oldest is not None:
                     oldest._held = None
-        return self._held
+        return held
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prologue=None) -> torch.Tensor:
         """x (N, in) float32 -> (N, out) float32 (+ residual (N, out) last, where given); prologue: x is
