@@ -43,7 +43,7 @@ def hadamard_f64(x: torch.Tensor, order: int, factors: tuple[int, ...], signs: l
     if x.dtype != torch.float64 or x.shape[-1] % order or len(factors) != len(signs):
         raise ValueError(f"hadamard_f64 needs float64 rows whose width is a multiple of {order}, got {x.dtype} "
                          f"{tuple(x.shape)}")
-    out = x.contiguous().clone()
+    out = x.clone(memory_format=torch.contiguous_format)  # one copy, contiguous, even from a strided view
     if not factors:
         return out
     sizes = torch.tensor(factors, dtype=torch.int32)

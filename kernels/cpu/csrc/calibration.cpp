@@ -8,9 +8,10 @@
 //   prism_hessian_add   H += Q_g^T Q_g 2^(2 p_g) group by group (model/gptq.Hessian.add): each group's
 //                       sums exact (integers below 2^53: any order, FMA or not), added into H in the
 //                       groups' order, one rounding each -- H's tile read and written once per call
-// Every element's value depends only on its own row's inputs (rows by one thread each, the caller's):
-// the bits do not depend on the vector width. The library is built with -ffp-contract=off: every
-// multiply and add rounds as written, as torch's separate element-wise kernels do.
+// Every element's value depends only on its own inputs, in a fixed order (the GPTQ block and the
+// Hadamard: a row on the caller's thread; the Hessian: exact sums, its tiles on OpenMP threads), so
+// the bits depend neither on the vector width nor on the thread count. The library is built with
+// -ffp-contract=off: every multiply and add rounds as written, as torch's separate element-wise kernels do.
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
