@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .router import Replica, RouterOptions, render_nginx_conf
 from .security import ADMIN_TOKEN_ENV, triton_restriction_flags
+from .server import NO_AUTO_COMPLETE
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002  # the pod's (its front's) and the router's
 TRITON_PORTS = (18000, 18001, 18002)  # tritonserver's, on the pod's loopback
@@ -84,7 +85,7 @@ spec:
       containers:
         - name: tritonserver  # loopback only: the front below is the way in
           image: {image}
-          command: ["tritonserver", "--model-repository=/models",
+          command: ["tritonserver", "--model-repository=/models", "{NO_AUTO_COMPLETE}",
                     "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
                     "--http-port={http}", "--grpc-port={grpc}", "--metrics-port={metrics}",
                     {restrictions}]

@@ -37,6 +37,11 @@ STUB_DEATH_GRACE_S = 1.0  # a dead stub whose server exits within this was kille
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
 LOOPBACK = "127.0.0.1"
+# Every config.pbtxt of the repository is complete, so Triton need not ask the Python backend to fill
+# one in: with auto-completion on (Triton's default) the backend starts one more stub per model only
+# to import its model.py and ask -- for prism_decision torch and the engine, 2-3 s of every start
+# (docs/deploy.md).
+NO_AUTO_COMPLETE = "--disable-auto-complete-config"
 # Where the Python backend keeps each stub's shared-memory region (1 MB and up; POSIX shm_open)
 SHARED_MEMORY_DIR = Path("/dev/shm")
 # Environment of the models' processes, whoever starts them: server_environment here, the
@@ -306,7 +311,7 @@ class TritonServer:
             f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}", f"--metrics-address={LOOPBACK}",
             f"--http-port={o.http_port}", f"--grpc-port={o.grpc_port}", f"--metrics-port={o.metrics_port}",
             *triton_restriction_flags(o.admin_token),
-            "--allow-metrics=true", "--exit-timeout-secs=20",
+            "--allow-metrics=true", "--exit-timeout-secs=20", NO_AUTO_COMPLETE,
             # regions named for this launch: kill() removes what a killed server leaves (_remove_regions)
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]

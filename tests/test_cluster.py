@@ -144,6 +144,7 @@ def test_kubernetes_manifest_is_the_committed_one_and_carries_the_router_config(
     pod = docs[("StatefulSet", "prism")]["spec"]["template"]["spec"]["containers"]
     triton, front = pod[0], pod[1]
     assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"} <= set(triton["command"])
+    assert "--disable-auto-complete-config" in triton["command"]  # as `prism serve` starts it
     assert any(a.startswith("--http-restricted-api=shared-memory,model-repository,trace,logging:x-prism-admin-token=$(")
                for a in triton["command"])
     assert triton["livenessProbe"]["exec"]["command"][:2] == ["prism", "health"]
@@ -307,6 +308,14 @@ def test_dead_stub_of_one_replica_fails_over_then_heals(cluster):
     with PrismClient(cluster.replicas[victim]["http"]) as healed:
         assert wait_for(lambda: f"replica {victim} failed" in cluster.stderr_path.read_text() and healed.is_ready(), 900)
         assert healed.decide(THREADS[2], ["team"])[0].probabilities == expected.probabilities
+
+    def routed_back() -> bool:
+        start = len(read_access_log(cluster.access_log))
+        client.decide(THREADS[2], ["team"])
+        return routed_entries(cluster, start, 1)[0]["upstream"] == cluster.replicas[victim]["http"]
+    # and the router takes it back once its fail_timeout (10 s) has passed since it found it down: the
+    # key is its own again (and the next test starts with both replicas in the ring)
+    assert wait_for(routed_back, 30)
 
 
 def test_killed_replica_is_taken_out_then_restarted(cluster):

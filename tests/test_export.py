@@ -196,6 +196,8 @@ def test_prism_serve_takes_an_exported_repository_as_it_is(tmp_path):
     (tmp_path / "repo" / "prism" / "config.pbtxt").write_text('name: "prism"\n')
     server = TritonServer(ServerOptions(repository=tmp_path / "repo"), workdir=tmp_path / "work")
     assert f"--model-repository={(tmp_path / 'repo').resolve()}" in server.command()
+    # the configs are complete: no stub is started only to fill one in (the bare server above runs without it)
+    assert "--disable-auto-complete-config" in server.command()
     assert not (tmp_path / "work" / "model_repository").exists()
     done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "serve", "--repository", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)

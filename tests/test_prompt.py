@@ -2,12 +2,12 @@
 import pytest
 
 from prism_backend.errors import RequestError
-from prism_backend.model.spec import load_hf_config, max_context, spec_from_config
+from prism_backend.model.spec import load_config, load_hf_config, max_context, spec_from_config
 from prism_backend.text.prompt import render_user_content
 from prism_backend.text.tasks import Task
 from prism_backend.text.tokenizer import load_tokenizer
 
-from helpers import SAMPLE_TICKET, TINY_ARCHS
+from helpers import SAMPLE_TICKET, TINY_ARCHS, run_snippet
 
 TASKS = [
     Task("team", 1, "Which team should handle this ticket?", ("Billing", "Technical support", "Sales")),
@@ -142,3 +142,53 @@ def test_max_context_from_config_json_is_autoconfigs(tiny_model_dir, tmp_path, a
     assert max_context(tmp_path) == expected
     if change == "window on" and arch != "llama3" and arch != "llama_tied":
         assert expected == 100
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("change", ["as written", "older RoPE form", "head_dim dropped", "bias dropped"])
+def test_config_json_as_written_gives_autoconfigs_spec_and_rotary_table(tiny_model_dir, tmp_path, arch, change):
+    """The engine reads config.json without transformers where it names every field Prism reads and
+    asks for the original RoPE (load_config); the spec and the RoPE frequencies then equal AutoConfig's
+    and transformers' rotary class's, bit for bit. Otherwise it takes AutoConfig's config."""
+    import json
+    import types
+
+    import torch
+
+    from prism_backend.model.loader import _rotary_class, rotary_frequencies
+
+    config = json.loads((tiny_model_dir(arch) / "config.json").read_text())
+    if change == "older RoPE form":  # transformers 4's: rope_theta beside rope_scaling
+        params = config.pop("rope_parameters")
+        config["rope_theta"] = params.pop("rope_theta")
+        config["rope_scaling"] = None if params["rope_type"] == "default" else {"type": params.pop("rope_type"), **params}
+    elif change == "head_dim dropped":  # Qwen3's default head_dim (128) is not hidden_size / heads
+        config.pop("head_dim", None)
+    elif change == "bias dropped":
+        config.pop("attention_bias", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    hf = load_hf_config(tmp_path)
+    spec = spec_from_config(hf)
+    config_used = load_config(tmp_path)
+    as_written = isinstance(config_used, types.SimpleNamespace)
+    named = change in ("as written", "older RoPE form") or (change == "head_dim dropped" and arch != "qwen3") \
+        or (change == "bias dropped" and arch in ("mistral", "qwen2"))  # the fields whose defaults differ
+    assert as_written == (named and arch != "llama3")  # llama3's RoPE variant takes transformers' class
+    assert spec_from_config(config_used) == spec
+    inv_freq, scaling = rotary_frequencies(config_used, spec_from_config(config_used))
+    reference = _rotary_class(spec.model_type)(hf)
+    assert inv_freq.dtype == torch.float32 and torch.equal(inv_freq, reference.inv_freq.to(torch.float32))
+    assert scaling == float(reference.attention_scaling)
+
+
+def test_the_embedded_checkpoint_loads_without_transformers():
+    """SmolLM2's config.json names every field: its spec and weights load without importing
+    transformers (~180 MB and ~2.5 s of the decision stub's start)."""
+    loaded = run_snippet(
+        "import json, sys\n"
+        "from prism_backend.model.loader import load_model\n"
+        "from prism_backend.paths import DEFAULT_MODEL_DIR\n"
+        "spec, weights = load_model(DEFAULT_MODEL_DIR)\n"
+        "print(json.dumps([spec.num_layers, weights.inv_freq.shape[0], sorted(m for m in sys.modules if m.startswith('transformers'))]))")
+    assert loaded == [30, 32, []]

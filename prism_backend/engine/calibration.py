@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 from collections.abc import Callable
@@ -190,15 +191,13 @@ def _source_digest() -> str:
 
 def cache_key(model_dir: Path) -> str:
     """What the statistics depend on, hashed (see the module docstring)."""
-    import transformers
-
     model_dir = Path(model_dir)
     parts = {
         "config": (model_dir / "config.json").read_text(),
         "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(model_dir.glob("*.safetensors"))],
         "source": _source_digest(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": importlib.metadata.version("transformers"),  # its RoPE variants; no import
         "cpu": torch.backends.cpu.get_cpu_capability(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

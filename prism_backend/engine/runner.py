@@ -16,7 +16,7 @@ from ..config import EngineConfig
 from ..forest import EncodedRequest, Forest
 from .forest_builder import build_forest
 from ..model.loader import load_model
-from ..model.spec import ModelSpec, load_hf_config, spec_from_config
+from ..model.spec import ModelSpec, load_config, spec_from_config
 from ..model.rotation import down_block, rotate, rotated_vocab
 from ..model.smoothing import apply_smoothing
 from ..model.tp import TPGroup, local_spec, plan_shards, shard_integers, shard_stats
@@ -33,7 +33,7 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     its own integers unrotated, whatever the plan; exact: SmoothQuant-smoothed and
     rounded at load; fp32 as stored. Under tensor parallelism rank 0 computes (or loads) what the
     full model needs and every rank takes its shard of it, so each holds what TP = 1 would."""
-    spec = spec_from_config(load_hf_config(config.model_dir))
+    spec = spec_from_config(load_config(config.model_dir))
     shard = None if group is None else plan_shards(spec, group.world)[group.rank]
     first = group is None or group.rank == 0
     _, weights = load_model(config.model_dir, shard)
@@ -54,11 +54,12 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
         # the rotated embedding and LM head mapped from the cache: computed only where it has none
         vocab = calibration.mapped_rows(config.model_dir, lambda: rotated_vocab(mine, weights),
                                         tuple(weights.embed.shape))
-        rotate(mine, weights, down_block(spec.intermediate_size), vocab)
         for i, (lw, layer) in enumerate(zip(weights.layers, shard_integers(integers, spec, shard))):
             passes = {name: config.exact_passes(name, i) for name in layer}  # None: served in 8 bits
             lw.integers = {name: ints for name, ints in layer.items() if passes[name] is None}
             lw.passes = {name: kept for name, kept in passes.items() if kept is not None}
+            lw.drop_float_weights(lw.integers)  # GPTQ's integers replace them: rotating them would be waste
+        rotate(mine, weights, down_block(spec.intermediate_size), vocab)
     if config.precision != "int8":
         for lw in weights.layers:  # exact and fp32 compute from the (dequantised) float weights
             lw.integers = None

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .spec import CheckpointError, ModelSpec, load_hf_config, spec_from_config
+from .spec import CheckpointError, ModelSpec, load_config, original_rope_theta, spec_from_config
+
+FLOAT_WEIGHT_FIELDS = {"qkv": "wqkv", "o": "wo", "gate_up": "w_gate_up", "down": "w_down"}  # by projection
+
 
 @dataclass
 class LayerWeights:
@@ -36,6 +39,12 @@ class LayerWeights:
     # (EngineConfig.exact_passes: an item's own, as "down:1+2", else the settings')
     passes: dict[str, tuple[int, int]] | None = None
 
+    def drop_float_weights(self, names) -> None:
+        """Forget the float weights of the projections `names` ("qkv", "o", "gate_up", "down"): those
+        served from `integers` never read them, and a None weight is neither rotated nor copied."""
+        for name in names:
+            setattr(self, FLOAT_WEIGHT_FIELDS[name], None)
+
 
 @dataclass
 class ModelWeights:
@@ -48,6 +57,20 @@ class ModelWeights:
     # model/rotation.py rotated these weights: down reads its input through a block-diagonal
     # Hadamard of blocks of this many coordinates (0: not rotated)
     down_block: int = 0
+
+
+def rotary_frequencies(config, spec: ModelSpec) -> tuple[torch.Tensor, float]:
+    """The checkpoint's RoPE: inverse frequencies (head_dim / 2,) float32 and the factor on cos and
+    sin. The original RoPE computed here with the float32 steps of transformers'
+    compute_default_rope_parameters (the same in all four architectures; the same bits: tests/
+    test_prompt.py), so a plain checkpoint builds without importing transformers' models; any
+    other variant by the architecture's rotary class there (`config` is then AutoConfig's)."""
+    theta = original_rope_theta(config)
+    if theta is not None:
+        dim = spec.head_dim
+        return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    rotary = _rotary_class(spec.model_type)(config)
+    return rotary.inv_freq.to(torch.float32), float(rotary.attention_scaling)
 
 
 def _rotary_class(model_type: str):
@@ -134,7 +157,7 @@ def load_model(model_dir: Path, shard=None) -> tuple[ModelSpec, ModelWeights]:
     """The checkpoint's spec and weights; with a tp.Shard only that rank's heads and MLP columns
     are read (q/k/v and gate/up rows, o and down columns); the rest is replicated."""
     model_dir = Path(model_dir)
-    hf = load_hf_config(model_dir)
+    hf = load_config(model_dir)
     spec = spec_from_config(hf)
     r = _TensorReader(model_dir)
     int8 = is_int8_checkpoint(hf)
@@ -205,12 +228,12 @@ def load_model(model_dir: Path, shard=None) -> tuple[ModelSpec, ModelWeights]:
     else:
         lm_head = r.get("lm_head.weight", (spec.vocab_size, H))
 
-    rotary = _rotary_class(spec.model_type)(hf)
+    inv_freq, rope_scaling = rotary_frequencies(hf, spec)
     return spec, ModelWeights(
         embed=embed,
         layers=layers,
         final_norm=r.get("model.norm.weight", (H,)),
         lm_head=lm_head,
-        inv_freq=rotary.inv_freq.to(torch.float32),
-        rope_scaling=float(rotary.attention_scaling),
+        inv_freq=inv_freq,
+        rope_scaling=rope_scaling,
     )

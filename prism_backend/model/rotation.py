@@ -124,7 +124,8 @@ def rotate(spec: ModelSpec, weights: ModelWeights, block: int | None = None,
     shard, `spec` its local shapes and `block` the full model's down_block (every rotation is
     local to a head or to a run of MLP columns, so a shard rotates on its own). vocab: the rotated
     embedding and LM head where the caller has them already (rotated_vocab's, stored: the engine
-    maps them from the calibration cache), else computed here."""
+    maps them from the calibration cache), else computed here. A projection's float weight that is
+    None (served from integers computed on the rotated model: engine/runner.py) stays None."""
     check_supported(spec)
     H, D = spec.hidden_size, spec.head_dim
     block_d = block or down_block(spec.intermediate_size)
@@ -138,25 +139,29 @@ def rotate(spec: ModelSpec, weights: ModelWeights, block: int | None = None,
     vocab = vocab or rotated_vocab(spec, weights)
     weights.embed, weights.lm_head = vocab["embed"], vocab["lm_head"]
     weights.final_norm = ones
-    for lw in weights.layers:
-        wqkv = f64(lw.wqkv) * f64(lw.input_norm)  # (q + 2 kv, H): gain folded
-        # V's outputs per KV head: Wv_g -> H_Dᵀ Wv_g, i.e. each column of Wv_g (D,) times H_D / sqrt(D)
-        wv = wqkv[v_rows].view(spec.num_kv_heads, D, H).transpose(1, 2)  # (Hkv, H, D)
-        wqkv[v_rows] = (_transform(wv) / math.sqrt(D)).transpose(1, 2).reshape(spec.kv_dim, H)
+    for lw in weights.layers:  # a weight already replaced by its integers (None) is not rotated
+        if lw.wqkv is not None:
+            wqkv = f64(lw.wqkv) * f64(lw.input_norm)  # (q + 2 kv, H): gain folded
+            # V's outputs per KV head: Wv_g -> H_Dᵀ Wv_g, i.e. each column of Wv_g (D,) times H_D / sqrt(D)
+            wv = wqkv[v_rows].view(spec.num_kv_heads, D, H).transpose(1, 2)  # (Hkv, H, D)
+            wqkv[v_rows] = (_transform(wv) / math.sqrt(D)).transpose(1, 2).reshape(spec.kv_dim, H)
+            lw.wqkv = rot(wqkv)
         if lw.bqkv is not None:
             bqkv = f64(lw.bqkv).clone()
             bqkv[v_rows] = _transform(bqkv[v_rows].view(spec.num_kv_heads, D)).div_(math.sqrt(D)).reshape(-1)
             lw.bqkv = bqkv.float()
-        lw.wqkv = rot(wqkv)
         lw.input_norm = ones
 
-        # o: its input per query head rotated like V (wo_h -> wo_h H_D / sqrt(D)), its output by Q
-        wo = _transform(f64(lw.wo).view(H, spec.num_heads, D)).div_(math.sqrt(D)).reshape(H, spec.q_dim)
-        lw.wo = rot(wo.T).T.contiguous()  # Qᵀ wo = (woᵀ Q)ᵀ
+        if lw.wo is not None:
+            # o: its input per query head rotated like V (wo_h -> wo_h H_D / sqrt(D)), its output by Q
+            wo = _transform(f64(lw.wo).view(H, spec.num_heads, D)).div_(math.sqrt(D)).reshape(H, spec.q_dim)
+            lw.wo = rot(wo.T).T.contiguous()  # Qᵀ wo = (woᵀ Q)ᵀ
 
-        lw.w_gate_up = rot(f64(lw.w_gate_up) * f64(lw.post_norm))
+        if lw.w_gate_up is not None:
+            lw.w_gate_up = rot(f64(lw.w_gate_up) * f64(lw.post_norm))
         lw.post_norm = ones
 
-        w_down = _transform(f64(lw.w_down), block_d).div_(block_d)  # (H, I): W H / block
-        lw.w_down = rot(w_down.T).T.contiguous()
+        if lw.w_down is not None:
+            w_down = _transform(f64(lw.w_down), block_d).div_(block_d)  # (H, I): W H / block
+            lw.w_down = rot(w_down.T).T.contiguous()
     weights.down_block = block_d

@@ -1,6 +1,9 @@
 """A checkpoint's architecture from its config.json: what Prism supports, the model's shape
 (ModelSpec) and its usable context. Imports neither torch nor, until a full config is needed,
-transformers, so the tokenizer step can read the context limit in a stub without torch."""
+transformers, so the tokenizer step can read the context limit in a stub without torch, and the
+decision step builds a checkpoint whose config.json names every field it reads without
+transformers (whose configuration modules import ~180 MB and ~2.5 s of torch.distributed and
+torch._dynamo into the stub)."""
 from __future__ import annotations
 
 import json
@@ -54,12 +57,44 @@ def read_config(model_dir: Path) -> dict:
     return raw
 
 
+# What spec_from_config reads (besides the context fields: _context_fields) that has a default in some
+# architecture's config class; and per architecture, the fields whose defaults apply only there
+# (head_dim is hidden_size / heads where absent, except Qwen3's 128)
+SPEC_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "rms_norm_eps", "tie_word_embeddings")
+ARCHITECTURE_FIELDS = {"llama": ("attention_bias",), "qwen3": ("attention_bias", "head_dim")}
+
+
 def load_hf_config(model_dir: Path):
     """The config as transformers' AutoConfig reads it (defaults of the architecture filled in)."""
     from transformers import AutoConfig
 
     read_config(model_dir)
     return AutoConfig.from_pretrained(Path(model_dir))
+
+
+def load_config(model_dir: Path):
+    """The config the engine builds from: config.json as written (a SimpleNamespace) where it names
+    every field Prism reads and asks for the original RoPE, else AutoConfig's. Either gives the
+    same ModelSpec and rotary table (tests/test_prompt.py); AutoConfig fills in the architecture's
+    defaults for missing fields and knows every RoPE variant."""
+    raw = read_config(model_dir)
+    needed = [*SPEC_FIELDS, *_context_fields(raw), *ARCHITECTURE_FIELDS.get(raw["model_type"], ())]
+    if original_rope_theta(SimpleNamespace(**raw)) is not None and all(key in raw for key in needed):
+        return SimpleNamespace(**raw)
+    return load_hf_config(model_dir)
+
+
+def original_rope_theta(config) -> float | None:
+    """rope_theta where `config` (config.json as a namespace, or AutoConfig's) asks for the original
+    RoPE and nothing else (transformers' "default" rope_type), else None."""
+    params = getattr(config, "rope_parameters", None)
+    if params is None:  # the older form: rope_theta, and rope_scaling for a variant
+        theta = getattr(config, "rope_theta", None)
+        return None if theta is None or getattr(config, "rope_scaling", None) is not None else float(theta)
+    if params.get("rope_type") != "default" or set(params) != {"rope_type", "rope_theta"}:
+        return None
+    return float(params["rope_theta"])
 
 
 def context_limit(hf) -> int:
@@ -77,14 +112,19 @@ def max_context(model_dir: Path) -> int:
     reads (checked equal to AutoConfig's in tests/test_prompt.py), else through AutoConfig, whose
     architecture defaults then apply."""
     raw = read_config(model_dir)
+    if all(key in raw for key in _context_fields(raw)):
+        return context_limit(SimpleNamespace(**raw))
+    return context_limit(load_hf_config(model_dir))
+
+
+def _context_fields(raw: dict) -> list[str]:
+    """The fields of config.json that context_limit reads for its architecture."""
     needed = ["max_position_embeddings"]
     if raw["model_type"] in WINDOWED:
         needed.append("sliding_window")
         if raw["model_type"] != "mistral":
             needed.append("use_sliding_window")
-    if all(key in raw for key in needed):
-        return context_limit(SimpleNamespace(**raw))
-    return context_limit(load_hf_config(model_dir))
+    return needed
 
 
 def spec_from_config(hf) -> ModelSpec:

@@ -51,7 +51,7 @@ class Projections:
         self.qkv = self.q = self.kv = None
         if last:
             sizes = [spec.q_dim, 2 * spec.kv_dim]
-            w_q, w_kv = lw.wqkv.split(sizes)
+            w_q, w_kv = lw.wqkv.split(sizes) if lw.wqkv is not None else (None, None)  # None: from integers
             b_q, b_kv = lw.bqkv.split(sizes) if lw.bqkv is not None else (None, None)
             if "qkv" in integers:  # rows of per-output-channel integers (scales, correction) split like the weight
                 q_part, kv_part = zip(*(t.split(sizes) for t in integers["qkv"]))
