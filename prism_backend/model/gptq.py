@@ -65,12 +65,14 @@ class Hessian:
         H read and written once a call), else torch's products of H's blocks."""
         q, e = to_fixed(x, HESSIAN_BITS)  # (N, width) integers, (N, 1)
         e = e[:, 0]
-        groups = [(math.ldexp(1.0, 2 * power), chunk) for power in torch.unique(e).tolist()  # ascending
-                  for chunk in q[e == power].split(HESSIAN_ROWS)]
+        powers, counts = torch.unique(e, return_counts=True)  # ascending
+        q = q[torch.argsort(e, stable=True)]  # one copy: the rows grouped by power, each group in row order
+        groups = [(math.ldexp(1.0, 2 * power), chunk)
+                  for power, rows in zip(powers.tolist(), q.split(counts.tolist()))
+                  for chunk in rows.split(HESSIAN_ROWS)]
         if groups and calibration_kernels.available():
             ends = torch.tensor([len(chunk) for _, chunk in groups]).cumsum(0).tolist()
-            calibration_kernels.hessian_add(torch.cat([chunk for _, chunk in groups]), ends,
-                                            [scale for scale, _ in groups], self.upper)
+            calibration_kernels.hessian_add(q, ends, [scale for scale, _ in groups], self.upper)
         else:
             width = q.shape[1]
             for scale, chunk in groups:
