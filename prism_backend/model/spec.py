@@ -79,9 +79,10 @@ def load_config(model_dir: Path):
     same ModelSpec and rotary table (tests/test_prompt.py); AutoConfig fills in the architecture's
     defaults for missing fields and knows every RoPE variant."""
     raw = read_config(model_dir)
+    as_written = SimpleNamespace(**raw)
     needed = [*SPEC_FIELDS, *_context_fields(raw), *ARCHITECTURE_FIELDS.get(raw["model_type"], ())]
-    if original_rope_theta(SimpleNamespace(**raw)) is not None and all(key in raw for key in needed):
-        return SimpleNamespace(**raw)
+    if original_rope_theta(as_written) is not None and all(key in raw for key in needed):
+        return as_written
     return load_hf_config(model_dir)
 
 
