@@ -14,7 +14,9 @@ fleet with `tritonserver --model-repository=OUT`:
                                      (kernels/cpu/lib/: the exact CPU GEMMs, built here, for servers without g++)
     OUT/prism_<step>/prism_client/   the engine's self-check digests bits with its determinism.py
     OUT/prism_<step>/1/              model.py (and tasks.json, the task registry), as in model_repository/
-    OUT/prism_decision/checkpoint/   the weights
+    OUT/prism_decision/checkpoint/   the weights, and prism-calibration/: their calibration for the exported
+                                     precision (GPTQ's integers ...), so the fleet's servers start without
+                                     calibrating and all serve the same integers (engine/calibration.py)
 
 Every path inside is relative: model_dir resolves against the model's own folder (EngineConfig),
 EXECUTION_ENV_PATH against $$TRITON_MODEL_DIRECTORY (the Python backend substitutes it). Triton
@@ -35,6 +37,7 @@ from pathlib import Path
 import kernels
 from kernels.cpu import exact_gemm
 from prism_backend.config import ConfigError, EngineConfig
+from prism_backend.engine.calibration import ship
 from prism_backend.serving.steps import model_parameters
 
 from .execution_env import DISTRIBUTION, packed_environment, python_version
@@ -43,7 +46,8 @@ from .server import (ENGINE_MODELS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions,
 
 MANIFEST = "prism_export.json"
 ENV_ARCHIVE = "prism_env.tar.gz"
-CHECKPOINT = Path("prism_decision") / "checkpoint"
+DECISION_MODEL = ENGINE_MODELS[1]  # prism_decision: the model whose build reads the calibration
+CHECKPOINT = Path(DECISION_MODEL) / "checkpoint"
 # What the model.py files import, besides the environment (prism_client: the engine's self-check
 # digests with prism_client/determinism.py, a leaf module of numpy alone)
 ENGINE_PACKAGES = ("prism_backend", "prism_client", "kernels")
@@ -96,7 +100,10 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -
         if library is not None:
             (model / LIBRARY_FOLDER).mkdir()
             shutil.copy2(library, model / LIBRARY_FOLDER / library.name)
-    _check_parameters(staging)
+    config = _check_parameters(staging)
+    shipped = ship(config)
+    if shipped:
+        log(f"shipped the calibration with the checkpoint: {', '.join(p.name for p in shipped)}")
     archive = packed_environment(MODEL_ENVIRONMENT, env_cache, log=log)
     _link_or_copy(archive, staging / ENV_ARCHIVE)
     (staging / MANIFEST).write_text(json.dumps(manifest(options, staging), indent=2, sort_keys=True) + "\n")
@@ -126,15 +133,18 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def _check_parameters(repository: Path) -> None:
-    """Fail at export, not at load on the fleet, on a parameter the engine would reject."""
+def _check_parameters(repository: Path) -> EngineConfig:
+    """Fail at export, not at load on the fleet, on a parameter the engine would reject; the decision
+    model's engine configuration."""
+    configs = {}
     for name in ENGINE_MODELS:
         text = (repository / name / "config.pbtxt").read_text()
         found = PARAMETER.findall(text)
         params = model_parameters({"parameters": {k: {"string_value": v} for k, v in found}})
-        config = EngineConfig.from_parameters(params, base_dir=repository / name)
-        if not (config.model_dir / "config.json").exists():
-            raise ConfigError(f"{name}: model_dir {config.model_dir} holds no checkpoint")
+        configs[name] = EngineConfig.from_parameters(params, base_dir=repository / name)
+        if not (configs[name].model_dir / "config.json").exists():
+            raise ConfigError(f"{name}: model_dir {configs[name].model_dir} holds no checkpoint")
+    return configs[DECISION_MODEL]
 
 
 def manifest(options: ServerOptions, repository: Path) -> dict:
@@ -145,7 +155,7 @@ def manifest(options: ServerOptions, repository: Path) -> dict:
         "prism_files_modified_since_commit": bool(_git(["status", "--porcelain", "--untracked-files=no"])),
         "checkpoint": {
             "source": Path(options.model_dir).name,
-            "sha256": {p.name: _sha256(p) for p in sorted(checkpoint.iterdir())},
+            "sha256": {str(p.relative_to(checkpoint)): _sha256(p) for p in sorted(checkpoint.rglob("*")) if p.is_file()},
         },
         "options": {"precision": options.precision, "instances": options.instances, "tp": options.tp,
                     "max_batch_size": options.max_batch_size, "parameters": options.extra_parameters},

@@ -17,9 +17,9 @@ import pytest
 
 from prism_backend.config import EngineConfig
 from prism_backend.paths import DEFAULT_MODEL_DIR
+from prism_backend.text.tokenizer import TOKENIZER_FILES
 from prism_launcher.server import ServerOptions, TritonServer
 from helpers import REGISTRY, free_port
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The calibration cache (prism_backend/engine/calibration.py): a stored copy is what the
 computation gives, bit for bit; a changed checkpoint or a damaged file is calibrated again; a cache
 that cannot be written only costs time."""
+import dataclasses
 import os
 import shutil
 
@@ -86,7 +87,11 @@ def test_a_changed_checkpoint_is_calibrated_again(tiny_model_dir, tmp_path, cach
     config.write_text(edited)
     stats_of(model)
     assert len(calibrations) == 3
-    assert len(list(cache.glob("*.safetensors"))) == 3  # one file per key; stale ones are simply never read
+    template = model / "chat_template.jinja"  # the calibration prompts' tokens follow the tokenizer's files
+    template.write_text(template.read_text().replace("<|im_start|>system", "<|im_start|>system "))
+    stats_of(model)
+    assert len(calibrations) == 4
+    assert len(list(cache.glob("*.safetensors"))) == 4  # one file per key; stale ones are simply never read
 
 
 def test_a_damaged_file_is_replaced(tiny_model_dir, cache, calibrations):
@@ -215,3 +220,76 @@ def test_the_routes_timed_during_calibration_are_forgotten(monkeypatch, fp32_con
         exact_matmul.route(1, 1, (64, 32))
         assert (1, 1, 64, 32) in exact_matmul.chosen_routes()
     assert exact_matmul.chosen_routes() == {(2, 2, 576, 960): "int16"}
+
+
+def shipped_files(model):
+    return sorted(p.name for p in (model / calibration.SHIPPED).iterdir())
+
+
+@pytest.mark.parametrize("precision", ["int8", "exact"])
+def test_a_shipped_calibration_is_read_instead_of_calibrating(tiny_model_dir, tmp_path, monkeypatch,
+                                                              calibrations, precision):
+    """ship() (prism export-repository) puts the calibration beside the weights; a machine with an
+    empty cache then builds the same engine without calibrating and without writing to its cache --
+    also from a copy that did not keep the files' times (checked by sha256) -- and says so."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("qwen2"), model)
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", str(tmp_path / "exporter-cache"))
+    config = EngineConfig(model_dir=model, precision=precision, prefix_cache_bytes=0)
+    written = calibration.ship(config)
+    assert len(calibrations) == 1
+    kinds = calibration.needed(config, quantized=False)
+    assert shipped_files(model) == sorted([calibration.SHIPPED_MANIFEST] + [calibration.SHIPPED_FILES[k] for k in kinds])
+    assert sorted(p.name for p in written) == shipped_files(model)
+    requests = synthetic_requests(DecisionEngine(config).spec.vocab_size)
+
+    def bits(engine):
+        return [[s.probabilities.tobytes() for s in r] for r in engine.score(requests)[0]]
+
+    calibrated = bits(DecisionEngine(config))  # the exporter's engine, from its own cache
+    for where in ("fleet", "copied"):
+        fleet = tmp_path / where
+        if where == "copied":  # e.g. an init container's plain `cp -r`: new modification times
+            shutil.copytree(model, fleet, copy_function=shutil.copy)
+            weights = next(fleet.glob("*.safetensors"))
+            os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+        else:
+            model.rename(fleet)
+        monkeypatch.setenv("PRISM_CALIBRATION_CACHE", str(tmp_path / f"{where}-cache"))
+        engine = DecisionEngine(dataclasses.replace(config, model_dir=fleet))
+        assert bits(engine) == calibrated and len(calibrations) == 1, where
+        assert not (tmp_path / f"{where}-cache").exists() or not list((tmp_path / f"{where}-cache").glob("*.safetensors"))
+        assert calibration.sources().count(calibration.SHIPPED_SOURCE) == len(kinds)
+        model = fleet
+
+
+@pytest.mark.parametrize("change", ["weights", "code", "manifest"])
+def test_a_shipped_calibration_of_other_weights_or_code_is_not_read(tiny_model_dir, tmp_path, monkeypatch,
+                                                                     calibrations, change):
+    """Weights rewritten in place with the same size (a fine-tune of the same architecture), another
+    Prism or torch, a damaged manifest: the build calibrates as if nothing were shipped."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama_tied"), model)
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", "off")
+    config = EngineConfig(model_dir=model, precision="exact")
+    calibration.ship(config)
+    assert calibration.shipped_entry(model) is not None and len(calibrations) == 1
+    if change == "weights":
+        weights = next(model.glob("*.safetensors"))
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1  # the last byte of the last tensor: same size, same header
+        weights.write_bytes(bytes(data))
+    elif change == "code":
+        monkeypatch.setattr(calibration, "_source_digest", lambda: "another Prism")
+    else:
+        (model / calibration.SHIPPED / calibration.SHIPPED_MANIFEST).write_text("{")
+    assert calibration.shipped_entry(model) is None
+    stats_of(model)
+    assert len(calibrations) == 2 and "computed" in calibration.sources()
+
+
+def test_fp32_ships_nothing(tiny_model_dir, tmp_path, calibrations):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("mistral"), model)
+    assert calibration.ship(EngineConfig(model_dir=model, precision="fp32")) == []
+    assert not (model / calibration.SHIPPED).exists() and not calibrations

@@ -6,6 +6,7 @@ wheel's Python backend as is (it carries no stub). It must answer exactly like `
 """
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -18,11 +19,13 @@ from pathlib import Path
 import pytest
 
 from kernels.cpu.features import AVX2_ENVIRONMENT
+from prism_backend.engine.calibration import SHIPPED, SHIPPED_MANIFEST
 from prism_client.client import PrismClient, PrismError
+from prism_client.determinism import CHECK_REQUESTS, digest
 from prism_launcher.export import ENV_ARCHIVE, LIBRARY_FOLDER, MANIFEST, PARAMETER, export_repository
 from prism_launcher.server import REPO_ROOT, log_summary, triton_install, wait_until_serving
 
-from helpers import SAMPLE_TICKET, free_port
+from helpers import GOLDEN_DECISIONS_PATH, SAMPLE_TICKET, free_port
 
 TASKS = ["team", "reply_time", "severity@1", '{"question": "Is the customer angry?", "options": ["Yes", "No"]}']
 MATERIALS = [SAMPLE_TICKET, "My invoice is wrong and nobody answers my emails."]
@@ -49,7 +52,8 @@ def container_like_backends(paths: dict[str, Path], target: Path) -> Path:
 class BareTriton:
     """tritonserver with nothing from Prism around it: `env -i`, no PYTHONPATH, another cwd."""
 
-    def __init__(self, repository: Path, cwd: Path):
+    def __init__(self, repository: Path, cwd: Path, environment: tuple[str, ...] = ()):
+        """environment: more NAME=VALUE for the server's otherwise empty environment."""
         paths = triton_install()
         self.http_port, self.grpc_port, metrics_port = free_port(), free_port(), free_port()
         self.log = cwd / "tritonserver.log"
@@ -59,7 +63,7 @@ class BareTriton:
         machine_kind = [f"{k}={os.environ[k]}" for k in AVX2_ENVIRONMENT if os.environ.get(k)]
         command = [
             "env", "-i", f"LD_LIBRARY_PATH={paths['libs']}",  # the server binary's own libraries
-            *machine_kind,
+            *machine_kind, *environment,
             str(paths["server"]), f"--model-repository={repository}",
             f"--backend-directory={container_like_backends(paths, cwd / 'backends')}",
             f"--cache-directory={paths['caches']}",
@@ -163,21 +167,52 @@ def tree_digest(root: Path) -> dict[str, str]:
     return digests
 
 
-def test_two_exports_are_identical(tmp_path, exported):
-    """Same checkout, same flags, through the CLI: the same bytes, file for file (the environment
-    archive comes from the cache both times; see docs/deploy.md for rebuilding it)."""
+@pytest.fixture(scope="module")
+def int8_exports(exported, tmp_path_factory):
+    """Two exports of the int8 default with the same flags, through the CLI (after `exported`, whose
+    export built the environment archive both then take from the cache)."""
     flags = ["--precision", "int8", "--instances", "2", "--parameter", "prefix_cache_bytes=0"]
-    outs = [tmp_path / "a", tmp_path / "b"]
+    outs = [tmp_path_factory.mktemp("int8-export") / name for name in ("a", "b")]
     for out in outs:
         done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "export-repository", str(out), *flags],
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
-    a, b = (tree_digest(out) for out in outs)
+    return outs
+
+
+def test_two_exports_are_identical(int8_exports):
+    """Same checkout, same flags: the same bytes, file for file, the shipped calibration included
+    (see docs/deploy.md for rebuilding the environment archive)."""
+    a, b = (tree_digest(out) for out in int8_exports)
     assert a == b
     assert ENV_ARCHIVE in a and "prism_decision/checkpoint/model.safetensors" in a
     assert "prism_tokenizer/1/tasks.json" in a and "prism_postprocess/triton_python_backend_stub" in a
-    decision = (outs[0] / "prism_decision" / "config.pbtxt").read_text()
+    shipped = f"prism_decision/checkpoint/{SHIPPED}"
+    assert {f"{shipped}/{name}" for name in (SHIPPED_MANIFEST, "gptq.safetensors", "rows.safetensors")} <= set(a)
+    assert json.loads((int8_exports[0] / MANIFEST).read_text())["checkpoint"]["sha256"][f"{SHIPPED}/gptq.safetensors"] \
+        == a[f"{shipped}/gptq.safetensors"]
+    decision = (int8_exports[0] / "prism_decision" / "config.pbtxt").read_text()
     assert "count: 2" in decision and 'key: "precision" value: { string_value: "int8" }' in decision
+
+
+def test_an_int8_export_starts_without_calibrating_and_serves_the_golden_bits(int8_exports, tmp_path):
+    """A fleet's server: a bare Triton whose calibration cache is empty loads the export's shipped
+    calibration (it computes nothing, writes nothing to the cache, and its log says where the
+    calibration came from) and answers the fixed request set with the committed golden bits."""
+    cache = tmp_path / "calibration-cache"
+    triton = BareTriton(int8_exports[1], tmp_path, (f"PRISM_CALIBRATION_CACHE={cache}",))
+    try:
+        triton.wait_ready()
+        with PrismClient(f"localhost:{triton.http_port}", "http") as client:
+            digests = [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
+                       for r in CHECK_REQUESTS]
+        log = triton.log.read_text()
+    finally:
+        triton.stop()
+    assert digests == json.loads(GOLDEN_DECISIONS_PATH.read_text())["int8"]
+    shipped = "calibration: GPTQ integers shipped with the checkpoint, rotated embedding and head shipped with the checkpoint"
+    assert log.count(shipped) == 2, log_summary(log)  # both instances
+    assert not cache.exists() or not list(cache.rglob("*.safetensors"))
 
 
 def test_export_refuses_an_unknown_parameter(tmp_path):

@@ -19,8 +19,8 @@ The cache: statistics and integers are a pure function of the checkpoint, Prism'
 libraries that run its forward, so a stored copy is what a new computation would give, bit for bit --
 provided the copy is keyed by all of them. The key hashes: config.json, the name, size and
 modification time of every *.safetensors file (not their contents: hashing a 14 GB checkpoint on
-every start would cost more than calibrating), the source of the prism_backend and kernels packages, the torch
-and transformers versions and the CPU's vector capability (GPTQ's Cholesky factorisations are
+every start would cost more than calibrating), the tokenizer's files (the prompts' tokens), the
+source of the prism_backend and kernels packages, the torch and transformers versions and the CPU's vector capability (GPTQ's Cholesky factorisations are
 LAPACK's, whose last bits may differ between CPUs: model/gptq.py). Anything else -- another
 checkpoint, an edited module, another torch -- misses and calibrates again. Why it matters: an int8
 engine build spends most of its time in the calibration forward, and every server start, model
@@ -30,10 +30,19 @@ Where: PRISM_CALIBRATION_CACHE if set ("off" disables the cache), else $XDG_CACH
 calibration or ~/.cache/prism/calibration; a folder that cannot be written is skipped silently
 (the statistics are then computed, as without a cache). Files are written to a temporary name and
 renamed, so instances starting together never read a partial file.
+
+The shipped calibration: a checkpoint folder may carry its own, in `prism-calibration/` (written by
+`prism export-repository`, ship()), which every build of that checkpoint reads before the cache above.
+Its manifest names the code it was computed with (config.json, Prism's source, torch and transformers,
+as the cache key -- but not the CPU: one calibration for a whole fleet, so every server serves the
+exporter's integers whatever its CPU's LAPACK would round) and each weight file's size, modification
+time and sha256 (the file is hashed only where its time differs: a copy that did not keep it). Any
+mismatch and the build goes on to the cache, as if nothing were shipped.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -57,7 +66,7 @@ from ..paths import user_cache_dir
 from ..reproducibility import torch_threads
 from ..text.prompt import PromptBuilder, render_prompt
 from ..text.tasks import Task
-from ..text.tokenizer import ChatTokenizer, load_tokenizer
+from ..text.tokenizer import TOKENIZER_FILES, ChatTokenizer, load_tokenizer
 from .calibration_prompts import DOCUMENTS, QUESTIONS, SYSTEM
 from .forest_builder import build_forest
 
@@ -90,7 +99,7 @@ def calibration_stats(config: EngineConfig, full_model=None) -> list[dict]:
     """SmoothQuant statistics from a forward of the full model (exact products) over the shipped prompts,
     stored on disk for the next build of the same checkpoint and code (the cache below).
     full_model: (spec, weights) of the whole checkpoint; loaded here, only on a miss, if not given."""
-    return _load_or_compute(entry(config.model_dir),
+    return _load_or_compute(config.model_dir, SMOOTHING,
                             lambda: _calibrate(config, *(full_model or load_model(config.model_dir))))
 
 
@@ -111,7 +120,7 @@ def gptq_integers(config: EngineConfig) -> list[dict[str, tuple[torch.Tensor, to
     correction of each (its mean output error on the calibration rows, model/gptq.py), per layer
     {"qkv", "o", "gate_up", "down": (integers (out, in) int8, scales (out,) float32, correction
     (out,) float32)}; stored on disk for the next build of the same checkpoint and code."""
-    tensors = _load_or_compute(entry(config.model_dir, GPTQ), lambda: _integers_to_tensors(_gptq(config)), raw=True)
+    tensors = _load_or_compute(config.model_dir, GPTQ, lambda: _integers_to_tensors(_gptq(config)), raw=True)
     return _integers_from_tensors(tensors)
 
 
@@ -189,18 +198,37 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def cache_key(model_dir: Path) -> str:
-    """What the statistics depend on, hashed (see the module docstring)."""
+def _code_key(model_dir: Path) -> str:
+    """What the statistics depend on besides the weights and the CPU, hashed: the checkpoint's
+    config.json and tokenizer (the prompts' tokens), Prism's source and the libraries that run the
+    forward."""
     model_dir = Path(model_dir)
+    tokenizer = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            tokenizer.update(name.encode() + b"\0" + (model_dir / name).read_bytes())
     parts = {
         "config": (model_dir / "config.json").read_text(),
-        "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(model_dir.glob("*.safetensors"))],
+        "tokenizer": tokenizer.hexdigest(),
         "source": _source_digest(),
         "torch": torch.__version__,
         "transformers": importlib.metadata.version("transformers"),  # its RoPE variants; no import
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cache_key(model_dir: Path) -> str:
+    """What the statistics depend on, hashed (see the module docstring)."""
+    parts = {
+        "code": _code_key(model_dir),
+        "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in _weight_files(model_dir)],
         "cpu": torch.backends.cpu.get_cpu_capability(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    return sorted(Path(model_dir).glob("*.safetensors"))
 
 
 def _to_tensors(stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -250,9 +278,15 @@ def mapped_rows(model_dir: Path, make: Callable[[], dict[str, torch.Tensor]],
     are resident in full (2 x 108 MiB for SmolLM2-135M), and the instances and ranks on one machine
     share those pages. The same numbers: a stored copy is exact (tests/test_calibration_cache.py).
     Without a cache, or where it cannot be written, make()'s tensors as they are."""
+    mapped = _mapped(shipped_entry(model_dir, ROWS))
+    if _holds_rows(mapped, shape):
+        _SOURCES[ROWS] = SHIPPED_SOURCE
+        return {name: mapped[name] for name in ROW_NAMES}
     path = entry(model_dir, ROWS)
     mapped = _mapped(path)
+    _SOURCES[ROWS] = CACHED_SOURCE
     if not _holds_rows(mapped, shape):
+        _SOURCES[ROWS] = "computed"
         rows = make()
         if store(path, rows, raw=True) is None:
             return rows
@@ -280,16 +314,24 @@ def _mapped(path: Path | None) -> dict[str, torch.Tensor] | None:
         return None
 
 
-def _load_or_compute(stored: Path | None, compute: Callable[[], object], raw: bool = False):
-    """What `stored` (entry()) holds, or else compute() -- by this build, stored for the next, or by
-    another build that missed at the same time, whose file this one loads when its turn comes."""
+def _load_or_compute(model_dir: Path, kind: str, compute: Callable[[], object], raw: bool = False):
+    """What the checkpoint ships of `kind` (shipped_entry()) or the cache holds (entry()), or else
+    compute() -- by this build, stored for the next, or by another build that missed at the same
+    time, whose file this one loads when its turn comes."""
+    found = load(shipped_entry(model_dir, kind), raw=raw)
+    if found is not None:
+        _SOURCES[kind] = SHIPPED_SOURCE
+        return found
+    stored = entry(model_dir, kind)
     found = load(stored, raw=raw)
+    _SOURCES[kind] = CACHED_SOURCE
     if found is None:
         with one_at_a_time(stored):
             found = load(stored, raw=raw)  # another build may have stored it while this one waited
             if found is None:
                 found = compute()
                 store(stored, found, raw=raw)
+                _SOURCES[kind] = "computed"
     return found
 
 
@@ -335,3 +377,115 @@ def store(path: Path | None, stats, raw: bool = False) -> Path | None:
             partial.unlink(missing_ok=True)
         return None
     return path
+
+
+# ---- the shipped calibration ---------------------------------------------------------------------
+SHIPPED = "prism-calibration"  # the folder inside a checkpoint
+SHIPPED_MANIFEST = "manifest.json"
+SHIPPED_FILES = {SMOOTHING: "smoothing.safetensors", GPTQ: "gptq.safetensors", ROWS: "rows.safetensors"}
+SHIPPED_SOURCE, CACHED_SOURCE = "shipped with the checkpoint", "from this machine's cache"
+KIND_NAMES = {SMOOTHING: "smoothing statistics", GPTQ: "GPTQ integers", ROWS: "rotated embedding and head"}
+_SOURCES: dict[str, str] = {}  # kind -> where this process's current build read it from (sources())
+
+
+def reset_sources() -> None:
+    """A new build starts (engine/runner.py): sources() reports only what it reads."""
+    _SOURCES.clear()
+
+
+def sources() -> str:
+    """Where this process's last build took its calibration from, for the model's ready log line:
+    e.g. "GPTQ integers shipped with the checkpoint, rotated embedding and head shipped with the
+    checkpoint"; "none" for a build that needs none (fp32, a W8A8 checkpoint)."""
+    return ", ".join(f"{KIND_NAMES[kind]} {source}" for kind, source in _SOURCES.items()) or "none"
+
+
+def needed(config: EngineConfig, quantized: bool) -> tuple[str, ...]:
+    """The kinds a build of `config` reads (engine/runner.py): int8 GPTQ's integers and the rotated
+    vocabulary rows, unless the checkpoint is `quantized` (a W8A8 checkpoint serves its own integers);
+    exact SmoothQuant's statistics, unless smoothing is off; fp32 none."""
+    if config.precision == "int8" and not quantized:
+        return GPTQ, ROWS
+    if config.precision == "exact" and config.smooth_alpha > 0:
+        return (SMOOTHING,)
+    return ()
+
+
+def ship(config: EngineConfig) -> list[Path]:
+    """Put in the checkpoint's folder (config.model_dir / SHIPPED) the calibration a build of
+    `config` reads -- from this machine's cache, or computed now -- with the manifest that lets every
+    other machine use it (shipped_entry()); the files written (none for fp32 or a W8A8 checkpoint).
+    prism export-repository calls it on the copy it exports, so its servers start without calibrating."""
+    from safetensors.torch import save_file
+
+    from ..model.rotation import rotated_vocab
+
+    model_dir = Path(config.model_dir)
+    spec, weights = load_model(model_dir)
+    made = {
+        SMOOTHING: lambda: _to_tensors(calibration_stats(config, (spec, weights))),
+        GPTQ: lambda: _load_or_compute(model_dir, GPTQ, lambda: _integers_to_tensors(_gptq(config)), raw=True),
+        ROWS: lambda: mapped_rows(model_dir, lambda: rotated_vocab(spec, weights), tuple(weights.embed.shape)),
+    }
+    kinds = needed(config, quantized=weights.layers[0].integers is not None)
+    if not kinds:
+        return []
+    folder = model_dir / SHIPPED
+    folder.mkdir(exist_ok=True)
+    (folder / SHIPPED_MANIFEST).unlink(missing_ok=True)  # what was shipped before is not read while shipping
+    written = []
+    for kind in kinds:
+        written.append(folder / SHIPPED_FILES[kind])
+        save_file({name: t.contiguous() for name, t in made[kind]().items()}, written[-1])
+        written[-1].chmod(0o644)  # a fleet's server may run as another user than the exporter
+    manifest = {
+        "code": _code_key(model_dir),
+        "weights": {p.name: _weight_record(p) for p in _weight_files(model_dir)},
+        "files": {KIND_NAMES[kind]: SHIPPED_FILES[kind] for kind in kinds},
+    }
+    (folder / SHIPPED_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return [folder / SHIPPED_MANIFEST, *written]
+
+
+def shipped_entry(model_dir: Path, kind: str = SMOOTHING) -> Path | None:
+    """The checkpoint's own file of `kind` (ship()), or None: none shipped, or shipped for other code
+    or other weights."""
+    folder = Path(model_dir) / SHIPPED
+    try:
+        manifest = json.loads((folder / SHIPPED_MANIFEST).read_text())
+        if SHIPPED_FILES[kind] not in manifest["files"].values() or manifest["code"] != _code_key(model_dir):
+            return None
+        return folder / SHIPPED_FILES[kind] if _same_weights(model_dir, manifest["weights"]) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no manifest, or not one this code wrote
+
+
+def _weight_record(path: Path) -> dict:
+    stat = path.stat()
+    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path, stat.st_size, stat.st_mtime_ns)}
+
+
+def _same_weights(model_dir: Path, shipped: dict) -> bool:
+    """Are the checkpoint's weight files those the calibration was computed from? Size and time as
+    recorded, or else (a copy that did not keep the time) the same sha256."""
+    files = _weight_files(model_dir)
+    if sorted(p.name for p in files) != sorted(shipped):
+        return False
+    for path in files:
+        recorded, stat = shipped[path.name], path.stat()
+        if stat.st_size != recorded["bytes"]:
+            return False
+        if stat.st_mtime_ns != recorded["mtime_ns"] and _sha256(path, stat.st_size, stat.st_mtime_ns) != recorded["sha256"]:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: Path, size: int | None = None, mtime_ns: int | None = None) -> str:
+    """The file's sha256; size and time in the arguments so that a build's second look at an
+    unchanged file reads the first one's answer."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -42,9 +42,11 @@ def build_model(config: EngineConfig, group: TPGroup | None = None):
     # int8 on a W8A8 checkpoint serves every projection's own integers: the precision plan
     # (keep_exact) chooses among Prism's own calibrations, and a checkpoint rounded to 8 bits
     # elsewhere has no 13-bit weights to keep
-    if config.precision == "int8" and not quantized:
+    calibration.reset_sources()
+    kinds = calibration.needed(config, quantized)
+    if calibration.GPTQ in kinds:
         integers = calibration.gptq_integers(config) if first else None
-    elif config.precision == "exact" and config.smooth_alpha > 0:
+    elif calibration.SMOOTHING in kinds:
         # statistics must equal TP = 1's: one fp32 forward of the whole model (these weights when unsplit)
         stats = calibration.calibration_stats(config, None if group else (spec, weights)) if first else None
     if group is not None:

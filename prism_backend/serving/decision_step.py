@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
+from ..engine import calibration
 from ..engine.engine import DecisionEngine
 from ..errors import RequestError, or_error, run_valid
 from ..forest import EncodedRequest
@@ -60,6 +61,12 @@ class DecisionStep:
         """The exact-product routes this process chose (timed at the engine's build: a busy machine
         then can pick a slower one, never other bits), e.g. '2+2 576x960 vnni16, ...'; for the log."""
         return describe_chosen_routes() or "none (fp32, or GPU)"
+
+    @staticmethod
+    def calibration_sources() -> str:
+        """Where the engine's build took its calibration from (shipped with the checkpoint, this
+        machine's cache, computed); for the log: a fleet's cold start says why it was cold."""
+        return calibration.sources()
 
     @property
     def available(self) -> bool:

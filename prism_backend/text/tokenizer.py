@@ -14,6 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# The files of a checkpoint that decide how a prompt is rendered and tokenized (this module's and
+# AutoTokenizer's: fast, BPE and sentencepiece tokenizers): the calibration, which tokenizes its
+# prompts, depends on them (engine/calibration.py's cache key)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 # what transformers' tokenizers pass to a chat template (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 

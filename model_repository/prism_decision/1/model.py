@@ -45,7 +45,8 @@ class TritonPythonModel:
             check = "MISMATCH: " + "; ".join(self.step.self_check_problems)
             pb_utils.Logger.log_error(f"prism_decision: determinism self-check: {check}")
         pb_utils.Logger.log_info(f"prism_decision: ready, {self.step.config}; determinism self-check: {check}; "
-                                 f"exact-product routes: {self.step.exact_routes()}")
+                                 f"exact-product routes: {self.step.exact_routes()}; "
+                                 f"calibration: {self.step.calibration_sources()}")
 
     def execute(self, requests):
         for request in requests:
