@@ -7,6 +7,8 @@ fleet with `tritonserver --model-repository=OUT`:
 
     OUT/prism_export.json            what it is: Prism and checkpoint versions, the options it was rendered with
     OUT/prism_env.tar.gz             the Python execution environment the three Python models share
+                                     (with --environment directory: unpacked in OUT/prism_decision/python_env/,
+                                     which the servers use in place instead of unpacking it on every start)
     OUT/prism/                       the ensemble (the public model), unchanged
     OUT/prism_<step>/config.pbtxt    rendered as `prism serve` renders it, plus EXECUTION_ENV_PATH
     OUT/prism_<step>/triton_python_backend_stub   built for the environment's Python
@@ -41,13 +43,18 @@ from prism_backend.engine.calibration import ship
 from prism_backend.serving.steps import model_parameters
 
 from .execution_env import DISTRIBUTION, packed_environment, python_version
-from .server import (ENGINE_MODELS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions, _package_dir,
+from .server import (ENGINE_MODELS, EXPORT_ENVIRONMENTS, MODEL_ENVIRONMENT, REPO_ROOT, ServerOptions, _package_dir,
                      render_model_repository, set_parameter, triton_install)
 
 MANIFEST = "prism_export.json"
 ENV_ARCHIVE = "prism_env.tar.gz"
 DECISION_MODEL = ENGINE_MODELS[1]  # prism_decision: the model whose build reads the calibration
 CHECKPOINT = Path(DECISION_MODEL) / "checkpoint"
+# How the execution environment is exported: one archive, which the Python backend unpacks into /tmp on
+# every server start (and deletes on every stop), or that archive unpacked once, here, and used in place
+# (a folder inside a model that is not a version number is no model: Triton passes it over)
+ENVIRONMENTS = EXPORT_ENVIRONMENTS
+ENV_DIRECTORY = Path(DECISION_MODEL) / "python_env"
 # What the model.py files import, besides the environment (prism_client: the engine's self-check
 # digests with prism_client/determinism.py, a leaf module of numpy alone)
 ENGINE_PACKAGES = ("prism_backend", "prism_client", "kernels")
@@ -63,17 +70,21 @@ def export_options(options: ServerOptions) -> ServerOptions:
     return dataclasses.replace(options, extra_parameters={"num_threads": "0", **options.extra_parameters})
 
 
-def export_repository(options: ServerOptions, out: Path, env_cache: Path | None = None, log=print) -> Path:
-    """Write the self-contained repository to `out` (which must not exist yet) and return it."""
+def export_repository(options: ServerOptions, out: Path, env_cache: Path | None = None, log=print,
+                      environment: str = "archive") -> Path:
+    """Write the self-contained repository to `out` (which must not exist yet) and return it.
+    environment: one of ENVIRONMENTS."""
     options = export_options(options)
     options.validate()
+    if environment not in ENVIRONMENTS:
+        raise ConfigError(f"environment must be one of {', '.join(ENVIRONMENTS)}, not {environment!r}")
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} already exists; export into a new folder")
     staging = out.with_name(out.name + ".partial")  # renamed at the end: never a half-written export
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        _write(options, staging, env_cache, log)
+        _write(options, staging, env_cache, log, environment)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -81,7 +92,7 @@ def export_repository(options: ServerOptions, out: Path, env_cache: Path | None 
     return out
 
 
-def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -> None:
+def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log, environment: str) -> None:
     render_model_repository(options, staging)
     _copy_checkpoint(Path(options.model_dir), staging / CHECKPOINT)
     for name in ENGINE_MODELS:
@@ -91,7 +102,7 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -
     library = exact_gemm.built_library()
     if library is None:
         log(f"note: the export carries no exact GEMM library ({exact_gemm.why_not()}); its servers build it or use the float route")
-    env_path = f"$$TRITON_MODEL_DIRECTORY/../{ENV_ARCHIVE}"
+    env_path = f"$$TRITON_MODEL_DIRECTORY/../{ENV_ARCHIVE if environment == 'archive' else ENV_DIRECTORY}"
     for model in _python_models(staging):
         _edit_config(model, lambda text: set_parameter(text, "EXECUTION_ENV_PATH", env_path))
         shutil.copy2(stub, model / STUB)
@@ -105,8 +116,12 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log) -
     if shipped:
         log(f"shipped the calibration with the checkpoint: {', '.join(p.name for p in shipped)}")
     archive = packed_environment(MODEL_ENVIRONMENT, env_cache, log=log)
-    _link_or_copy(archive, staging / ENV_ARCHIVE)
-    (staging / MANIFEST).write_text(json.dumps(manifest(options, staging), indent=2, sort_keys=True) + "\n")
+    if environment == "archive":
+        _link_or_copy(archive, staging / ENV_ARCHIVE)
+    else:
+        _unpack(archive, staging / ENV_DIRECTORY)
+    described = manifest(options, staging, environment)
+    (staging / MANIFEST).write_text(json.dumps(described, indent=2, sort_keys=True) + "\n")
 
 
 def _edit_config(model: Path, edit) -> None:
@@ -123,6 +138,13 @@ def _copy_checkpoint(model_dir: Path, target: Path) -> None:
     for path in sorted(model_dir.iterdir()):
         if path.is_file() and not path.name.startswith("."):  # not .prism-converted and other markers
             shutil.copy2(path, target / path.name)
+
+
+def _unpack(archive: Path, target: Path) -> None:
+    """The archive unpacked as the Python backend unpacks it (pb_env.cc: the archive's tree, modes kept),
+    by tar, which is several times faster than Python's tarfile on its 35,000 files."""
+    target.mkdir(parents=True)
+    subprocess.run(["tar", "-xzf", str(archive), "-C", str(target)], check=True)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -147,7 +169,7 @@ def _check_parameters(repository: Path) -> EngineConfig:
     return configs[DECISION_MODEL]
 
 
-def manifest(options: ServerOptions, repository: Path) -> dict:
+def manifest(options: ServerOptions, repository: Path, environment: str = "archive") -> dict:
     checkpoint = repository / CHECKPOINT
     return {
         "prism_version": importlib.metadata.version(DISTRIBUTION),
@@ -155,10 +177,12 @@ def manifest(options: ServerOptions, repository: Path) -> dict:
         "prism_files_modified_since_commit": bool(_git(["status", "--porcelain", "--untracked-files=no"])),
         "checkpoint": {
             "source": Path(options.model_dir).name,
-            "sha256": {str(p.relative_to(checkpoint)): _sha256(p) for p in sorted(checkpoint.rglob("*")) if p.is_file()},
+            "sha256": {str(p.relative_to(checkpoint)): _sha256(p)
+                       for p in sorted(checkpoint.rglob("*")) if p.is_file()},  # prism-calibration/ too
         },
         "options": {"precision": options.precision, "instances": options.instances, "tp": options.tp,
-                    "max_batch_size": options.max_batch_size, "parameters": options.extra_parameters},
+                    "max_batch_size": options.max_batch_size, "parameters": options.extra_parameters,
+                    "environment": environment},
         "python": python_version(),
         "stub_from": f"nvidia-pytriton=={importlib.metadata.version('nvidia-pytriton')}",
     }

@@ -22,7 +22,7 @@ from kernels.cpu.features import AVX2_ENVIRONMENT
 from prism_backend.engine.calibration import SHIPPED, SHIPPED_MANIFEST
 from prism_client.client import PrismClient, PrismError
 from prism_client.determinism import CHECK_REQUESTS, digest
-from prism_launcher.export import ENV_ARCHIVE, LIBRARY_FOLDER, MANIFEST, PARAMETER, export_repository
+from prism_launcher.export import ENV_ARCHIVE, ENV_DIRECTORY, LIBRARY_FOLDER, MANIFEST, PARAMETER, export_repository
 from prism_launcher.server import REPO_ROOT, log_summary, triton_install, wait_until_serving
 
 from helpers import GOLDEN_DECISIONS_PATH, SAMPLE_TICKET, free_port
@@ -167,17 +167,21 @@ def tree_digest(root: Path) -> dict[str, str]:
     return digests
 
 
+INT8_FLAGS = ("--precision", "int8", "--instances", "2", "--parameter", "prefix_cache_bytes=0")
+
+
+def export_through_cli(out: Path, *flags: str) -> Path:
+    done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "export-repository", str(out), *flags],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
 @pytest.fixture(scope="module")
 def int8_exports(exported, tmp_path_factory):
     """Two exports of the int8 default with the same flags, through the CLI (after `exported`, whose
     export built the environment archive both then take from the cache)."""
-    flags = ["--precision", "int8", "--instances", "2", "--parameter", "prefix_cache_bytes=0"]
-    outs = [tmp_path_factory.mktemp("int8-export") / name for name in ("a", "b")]
-    for out in outs:
-        done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "export-repository", str(out), *flags],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-    return outs
+    return [export_through_cli(tmp_path_factory.mktemp("int8-export") / name, *INT8_FLAGS) for name in ("a", "b")]
 
 
 def test_two_exports_are_identical(int8_exports):
@@ -195,20 +199,45 @@ def test_two_exports_are_identical(int8_exports):
     assert "count: 2" in decision and 'key: "precision" value: { string_value: "int8" }' in decision
 
 
-def test_an_int8_export_starts_without_calibrating_and_serves_the_golden_bits(int8_exports, tmp_path):
-    """A fleet's server: a bare Triton whose calibration cache is empty loads the export's shipped
-    calibration (it computes nothing, writes nothing to the cache, and its log says where the
-    calibration came from) and answers the fixed request set with the committed golden bits."""
+def stub_python_homes(server_pid: int) -> list[str]:
+    """PYTHONHOME of each Python-backend stub the server started (the environment's `activate` sets
+    it to the folder it runs from: the exported directory, or where the backend unpacked an archive)."""
+    homes = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or os.getsid(int(proc.name)) != server_pid:  # its own session
+                continue
+            if b"triton_python_backend_stub" not in (proc / "cmdline").read_bytes().split(b"\0")[0]:
+                continue
+            environ = dict(e.split(b"=", 1) for e in (proc / "environ").read_bytes().split(b"\0") if b"=" in e)
+            homes.append(environ.get(b"PYTHONHOME", b"").decode())
+        except OSError:  # gone meanwhile
+            continue
+    return homes
+
+
+def test_an_int8_export_starts_without_calibrating_or_unpacking_and_serves_the_golden_bits(int8_exports, tmp_path):
+    """A fleet's server: a bare Triton whose calibration cache is empty, on an export whose environment
+    is a directory, loads the export's shipped calibration (it computes nothing, writes nothing to the
+    cache, and its log says where the calibration came from), runs its stubs in that directory (no
+    archive to unpack) and answers the fixed request set with the committed golden bits."""
+    out = export_through_cli(tmp_path / "export", *INT8_FLAGS, "--environment", "directory")
+    assert not (out / ENV_ARCHIVE).exists() and (out / ENV_DIRECTORY / "bin" / "activate").is_file()
+    assert json.loads((out / MANIFEST).read_text())["options"]["environment"] == "directory"
+    for model in ("prism_tokenizer", "prism_decision", "prism_postprocess"):
+        assert f'"$$TRITON_MODEL_DIRECTORY/../{ENV_DIRECTORY}"' in (out / model / "config.pbtxt").read_text()
     cache = tmp_path / "calibration-cache"
-    triton = BareTriton(int8_exports[1], tmp_path, (f"PRISM_CALIBRATION_CACHE={cache}",))
+    triton = BareTriton(out, tmp_path, (f"PRISM_CALIBRATION_CACHE={cache}",))
     try:
         triton.wait_ready()
+        homes = stub_python_homes(triton.process.pid)  # tokenizer, 2 decision instances, postprocess
         with PrismClient(f"localhost:{triton.http_port}", "http") as client:
             digests = [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
                        for r in CHECK_REQUESTS]
         log = triton.log.read_text()
     finally:
         triton.stop()
+    assert len(homes) == 4 and {Path(home).resolve() for home in homes} == {(out / ENV_DIRECTORY).resolve()}
     assert digests == json.loads(GOLDEN_DECISIONS_PATH.read_text())["int8"]
     shipped = "calibration: GPTQ integers shipped with the checkpoint, rotated embedding and head shipped with the checkpoint"
     assert log.count(shipped) == 2, log_summary(log)  # both instances

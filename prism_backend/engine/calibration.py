@@ -20,8 +20,9 @@ libraries that run its forward, so a stored copy is what a new computation would
 provided the copy is keyed by all of them. The key hashes: config.json, the name, size and
 modification time of every *.safetensors file (not their contents: hashing a 14 GB checkpoint on
 every start would cost more than calibrating), the tokenizer's files (the prompts' tokens), the
-source of the prism_backend and kernels packages, the torch and transformers versions and the CPU's vector capability (GPTQ's Cholesky factorisations are
-LAPACK's, whose last bits may differ between CPUs: model/gptq.py). Anything else -- another
+source of the prism_backend and kernels packages, the torch and transformers versions and the CPU's
+vector capability (GPTQ's Cholesky factorisations are LAPACK's, whose last bits may differ between
+CPUs: model/gptq.py). Anything else -- another
 checkpoint, an edited module, another torch -- misses and calibrates again. Why it matters: an int8
 engine build spends most of its time in the calibration forward, and every server start, model
 load, instance, tensor-parallel rank 0 and healed stub builds one.
@@ -462,7 +463,8 @@ def shipped_entry(model_dir: Path, kind: str = SMOOTHING) -> Path | None:
 
 def _weight_record(path: Path) -> dict:
     stat = path.stat()
-    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path, stat.st_size, stat.st_mtime_ns)}
+    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "sha256": _sha256(path, stat.st_size, stat.st_mtime_ns)}
 
 
 def _same_weights(model_dir: Path, shipped: dict) -> bool:
@@ -475,7 +477,8 @@ def _same_weights(model_dir: Path, shipped: dict) -> bool:
         recorded, stat = shipped[path.name], path.stat()
         if stat.st_size != recorded["bytes"]:
             return False
-        if stat.st_mtime_ns != recorded["mtime_ns"] and _sha256(path, stat.st_size, stat.st_mtime_ns) != recorded["sha256"]:
+        moved = stat.st_mtime_ns != recorded["mtime_ns"]
+        if moved and _sha256(path, stat.st_size, stat.st_mtime_ns) != recorded["sha256"]:
             return False
     return True
 
