@@ -484,9 +484,9 @@ def _same_weights(model_dir: Path, shipped: dict) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _sha256(path: Path, size: int | None = None, mtime_ns: int | None = None) -> str:
-    """The file's sha256; size and time in the arguments so that a build's second look at an
-    unchanged file reads the first one's answer."""
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
+    """The file's sha256; its size and time in the arguments key the memo, so a build's second look
+    at an unchanged file (GPTQ's entry, then the rows') reads the first one's answer."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
