@@ -39,7 +39,8 @@ from pathlib import Path
 import kernels
 from kernels.cpu import exact_gemm
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.engine.calibration import ship
+from prism_backend.engine.calibration import record_exported_bits, ship
+from prism_backend.serving.decision_step import DecisionStep
 from prism_backend.serving.steps import model_parameters
 
 from .execution_env import DISTRIBUTION, packed_environment, python_version
@@ -111,9 +112,11 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log, e
         if library is not None:
             (model / LIBRARY_FOLDER).mkdir()
             shutil.copy2(library, model / LIBRARY_FOLDER / library.name)
-    config = _check_parameters(staging)
+    # the exported copy, whatever PRISM_MODEL_DIR says in this process (it overrides model_dir for servers)
+    config = dataclasses.replace(_check_parameters(staging), model_dir=(staging / CHECKPOINT).resolve())
     shipped = ship(config)
     if shipped:
+        _record_bits(config)
         log(f"shipped the calibration with the checkpoint: {', '.join(p.name for p in shipped)}")
     archive = packed_environment(MODEL_ENVIRONMENT, env_cache, log=log)
     if environment == "archive":
@@ -122,6 +125,19 @@ def _write(options: ServerOptions, staging: Path, env_cache: Path | None, log, e
         _unpack(archive, staging / ENV_DIRECTORY)
     described = manifest(options, staging, environment)
     (staging / MANIFEST).write_text(json.dumps(described, indent=2, sort_keys=True) + "\n")
+
+
+def _record_bits(config: EngineConfig) -> None:
+    """The decision step built here from what was just shipped (so also a check that it loads), on
+    one process (bits do not depend on tensor parallelism): its self-check's digests become the bits
+    every server of the export checks itself against at start."""
+    step = DecisionStep(dataclasses.replace(config, tp_size=1))
+    try:
+        if not step.self_check_ok:
+            raise ConfigError(f"the engine's self-check failed on this machine: {'; '.join(step.self_check_problems)}")
+        record_exported_bits(config, step.self_check_digests)
+    finally:
+        step.close()
 
 
 def _edit_config(model: Path, edit) -> None:

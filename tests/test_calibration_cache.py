@@ -2,6 +2,7 @@
 computation gives, bit for bit; a changed checkpoint or a damaged file is calibrated again; a cache
 that cannot be written only costs time."""
 import dataclasses
+import json
 import os
 import shutil
 
@@ -293,3 +294,38 @@ def test_fp32_ships_nothing(tiny_model_dir, tmp_path, calibrations):
     shutil.copytree(tiny_model_dir("mistral"), model)
     assert calibration.ship(EngineConfig(model_dir=model, precision="fp32")) == []
     assert not (model / calibration.SHIPPED).exists() and not calibrations
+
+
+def test_a_server_checks_itself_against_the_bits_recorded_at_export(tiny_model_dir, tmp_path, monkeypatch):
+    """What prism export-repository records (the self-check's digests on the exporting machine) every
+    DecisionStep of the same checkpoint and configuration compares at start: equal passes, a
+    differing bit fails the self-check (the metric and alert follow it), another configuration or an
+    unshipped checkpoint is not compared, and says why."""
+    from prism_backend.serving.decision_step import DecisionStep
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama3"), model)
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", str(tmp_path / "cache"))
+    config = EngineConfig(model_dir=model, precision="int8", num_threads=2)
+    unshipped = DecisionStep(config)
+    assert unshipped.self_check_ok and unshipped.export_check.endswith("no calibration shipped")
+    calibration.ship(config)
+    calibration.record_exported_bits(config, unshipped.self_check_digests)
+    manifest = model / calibration.SHIPPED / calibration.SHIPPED_MANIFEST
+    assert json.loads(manifest.read_text())["exported_bits"]["digests"] == unshipped.self_check_digests
+
+    fleet = tmp_path / "fleet"
+    model.rename(fleet)
+    monkeypatch.setenv("PRISM_CALIBRATION_CACHE", str(tmp_path / "fleet-cache"))
+    # another thread count and tensor-parallel degree than the exporter's: the same bits, compared
+    same = DecisionStep(dataclasses.replace(config, model_dir=fleet, num_threads=1))
+    assert same.self_check_ok and same.export_check == "equal to the bits recorded at export"
+    other = DecisionStep(dataclasses.replace(config, model_dir=fleet, keep_exact="down"))
+    assert other.self_check_ok and other.export_check.endswith("configured unlike the export (keep_exact)")
+
+    recorded = json.loads((fleet / calibration.SHIPPED / calibration.SHIPPED_MANIFEST).read_text())
+    recorded["exported_bits"]["digests"][0] = "0" * 64
+    (fleet / calibration.SHIPPED / calibration.SHIPPED_MANIFEST).write_text(json.dumps(recorded))
+    differs = DecisionStep(dataclasses.replace(config, model_dir=fleet))
+    assert not differs.self_check_ok and differs.export_check == "DIFFERENT from the bits recorded at export"
+    assert any("exporting machine" in problem for problem in differs.self_check_problems)

@@ -220,7 +220,8 @@ def test_an_int8_export_starts_without_calibrating_or_unpacking_and_serves_the_g
     """A fleet's server: a bare Triton whose calibration cache is empty, on an export whose environment
     is a directory, loads the export's shipped calibration (it computes nothing, writes nothing to the
     cache, and its log says where the calibration came from), runs its stubs in that directory (no
-    archive to unpack) and answers the fixed request set with the committed golden bits."""
+    archive to unpack), finds at start the bits the exporter recorded, and answers the fixed request
+    set with the committed golden bits."""
     out = export_through_cli(tmp_path / "export", *INT8_FLAGS, "--environment", "directory")
     assert not (out / ENV_ARCHIVE).exists() and (out / ENV_DIRECTORY / "bin" / "activate").is_file()
     assert json.loads((out / MANIFEST).read_text())["options"]["environment"] == "directory"
@@ -241,6 +242,10 @@ def test_an_int8_export_starts_without_calibrating_or_unpacking_and_serves_the_g
     assert digests == json.loads(GOLDEN_DECISIONS_PATH.read_text())["int8"]
     shipped = "calibration: GPTQ integers shipped with the checkpoint, rotated embedding and head shipped with the checkpoint"
     assert log.count(shipped) == 2, log_summary(log)  # both instances
+    # each instance's startup self-check gave the bits the exporting process recorded
+    assert log.count("thread counts, equal to the bits recorded at export") == 2, log_summary(log)
+    recorded = json.loads((out / "prism_decision" / "checkpoint" / SHIPPED / SHIPPED_MANIFEST).read_text())
+    assert len(recorded["exported_bits"]["digests"]) == 3 and recorded["exported_bits"]["config"]["precision"] == "int8"
     assert not cache.exists() or not list(cache.rglob("*.safetensors"))
 
 

@@ -43,6 +43,7 @@ mismatch and the build goes on to the cache, as if nothing were shipped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -451,14 +452,62 @@ def ship(config: EngineConfig) -> list[Path]:
 def shipped_entry(model_dir: Path, kind: str = SMOOTHING) -> Path | None:
     """The checkpoint's own file of `kind` (ship()), or None: none shipped, or shipped for other code
     or other weights."""
-    folder = Path(model_dir) / SHIPPED
+    manifest, _ = _shipped_manifest(model_dir)
+    if manifest is None or SHIPPED_FILES[kind] not in manifest["files"].values():
+        return None
+    return Path(model_dir) / SHIPPED / SHIPPED_FILES[kind]
+
+
+def _shipped_manifest(model_dir: Path) -> tuple[dict | None, str]:
+    """(the shipped manifest where it belongs to this code and these weights, else None; and why not)."""
     try:
-        manifest = json.loads((folder / SHIPPED_MANIFEST).read_text())
-        if SHIPPED_FILES[kind] not in manifest["files"].values() or manifest["code"] != _code_key(model_dir):
-            return None
-        return folder / SHIPPED_FILES[kind] if _same_weights(model_dir, manifest["weights"]) else None
+        manifest = json.loads((Path(model_dir) / SHIPPED / SHIPPED_MANIFEST).read_text())
+        if manifest["code"] != _code_key(model_dir) or not _same_weights(model_dir, manifest["weights"]):
+            return None, "shipped for other code or other weights"
+        if not isinstance(manifest["files"], dict):
+            raise TypeError
+        return manifest, ""
+    except FileNotFoundError:
+        return None, "no calibration shipped"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # no manifest, or not one this code wrote
+        return None, "the shipped manifest is unreadable"
+
+
+# EngineConfig fields that do not move a bit (the engine's tested invariants: thread count, tensor
+# parallelism) or that name where, not what (model_dir: the manifest checks the weights themselves)
+BIT_NEUTRAL_FIELDS = ("model_dir", "num_threads", "tp_size")
+
+
+def _bits_config(config: EngineConfig) -> dict:
+    """The configuration a digest of served bits belongs to, as JSON values."""
+    fields = dataclasses.asdict(config)
+    return json.loads(json.dumps({k: v for k, v in fields.items() if k not in BIT_NEUTRAL_FIELDS}, default=str))
+
+
+def record_exported_bits(config: EngineConfig, digests: list[str]) -> None:
+    """Add to the shipped manifest (ship()) the digests of the startup self-check's requests as the
+    exporting machine serves them under `config` (serving/decision_step.py): every server that
+    loads the checkpoint with this configuration then checks at start that it gives the same bits."""
+    path = Path(config.model_dir) / SHIPPED / SHIPPED_MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["exported_bits"] = {"config": _bits_config(config), "digests": list(digests)}
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def exported_bits(config: EngineConfig) -> tuple[list[str] | None, str]:
+    """(the self-check digests recorded at export, or None, and why not): None where nothing was
+    shipped for this code and these weights, or it was shipped for another configuration."""
+    manifest, why = _shipped_manifest(config.model_dir)
+    if manifest is None:
+        return None, why
+    recorded = manifest.get("exported_bits")
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("config"), dict):
+        return None, "no bits recorded at export"
+    mine = _bits_config(config)
+    if recorded["config"] != mine:
+        differ = sorted(k for k in mine.keys() | recorded["config"].keys() if recorded["config"].get(k) != mine.get(k))
+        return None, f"configured unlike the export ({', '.join(differ)})"
+    return list(recorded["digests"]), "recorded at export"
 
 
 def _weight_record(path: Path) -> dict:

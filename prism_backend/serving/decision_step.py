@@ -27,6 +27,7 @@ class DecisionStep:
         self.config = config
         self.engine = DecisionEngine(self.config, share_weights_with)
         self.self_check_ok, self.self_check_problems = None, []
+        self.export_check = "not run"  # the self-check against the bits recorded at export (_self_check)
         try:
             if self_check:
                 self.self_check_problems = self._self_check()
@@ -37,11 +38,23 @@ class DecisionStep:
 
     def _self_check(self) -> list[str]:
         """What breaks bit-identity on this machine and configuration (empty: nothing): the BLAS
-        mode, batch composition and cache state (engine_self_check), the thread count."""
+        mode, batch composition and cache state (engine_self_check), the thread count, and -- for a
+        checkpoint exported with its calibration -- the bits the exporting machine served
+        (calibration.exported_bits: a fleet's servers all answer as the exporter did)."""
         requests = synthetic_requests(self.engine.spec.vocab_size)
         problems = [p for p in [blas_mode_problem()] if p]
-        if not engine_self_check(self._score_ids, requests)[0]:
+        batch_invariant, by_batching = engine_self_check(self._score_ids, requests)
+        if not batch_invariant:
             problems.append("results depend on how requests are batched")
+        self.self_check_digests = by_batching["alone"]
+        expected, why = calibration.exported_bits(self.config)
+        if expected is None:
+            self.export_check = f"not compared with the export's bits: {why}"
+        elif expected == self.self_check_digests:
+            self.export_check = "equal to the bits recorded at export"
+        else:
+            self.export_check = "DIFFERENT from the bits recorded at export"
+            problems.append("results differ from the bits the exporting machine served (prism-calibration/manifest.json)")
         threads = torch.get_num_threads()
 
         def recomputed_at(reqs, count):

@@ -44,7 +44,8 @@ class TritonPythonModel:
         else:
             check = "MISMATCH: " + "; ".join(self.step.self_check_problems)
             pb_utils.Logger.log_error(f"prism_decision: determinism self-check: {check}")
-        pb_utils.Logger.log_info(f"prism_decision: ready, {self.step.config}; determinism self-check: {check}; "
+        pb_utils.Logger.log_info(f"prism_decision: ready, {self.step.config}; determinism self-check: {check}, "
+                                 f"{self.step.export_check}; "
                                  f"exact-product routes: {self.step.exact_routes()}; "
                                  f"calibration: {self.step.calibration_sources()}")
 
