@@ -93,10 +93,12 @@ spec:
             - name: {ADMIN_TOKEN_ENV}
               valueFrom: {{secretKeyRef: {{name: {ADMIN_SECRET}, key: token}}}}
           # `prism health` asks for a decision: Triton 2.51 stays "ready" with a dead stub, this does not.
+          # Asked every 2 s: the image's export ships its calibration, so a pod is ready in seconds; the
+          # 600 s budget still covers one that must calibrate (a repository exported without it).
           startupProbe:
             exec: {{command: {health}}}
-            periodSeconds: 10
-            failureThreshold: 60
+            periodSeconds: 2
+            failureThreshold: 300
           readinessProbe:
             exec: {{command: {health}}}
             periodSeconds: 5
