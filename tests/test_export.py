@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -216,13 +217,20 @@ def stub_python_homes(server_pid: int) -> list[str]:
     return homes
 
 
-def test_an_int8_export_starts_without_calibrating_or_unpacking_and_serves_the_golden_bits(int8_exports, tmp_path):
+@pytest.fixture(scope="module")
+def directory_export(int8_exports, tmp_path_factory):
+    """The int8 export's flags with the environment as a directory (after int8_exports: the same cache)."""
+    return export_through_cli(tmp_path_factory.mktemp("directory-export") / "repository", *INT8_FLAGS,
+                              "--environment", "directory")
+
+
+def test_an_int8_export_starts_without_calibrating_or_unpacking_and_serves_the_golden_bits(directory_export, tmp_path):
     """A fleet's server: a bare Triton whose calibration cache is empty, on an export whose environment
     is a directory, loads the export's shipped calibration (it computes nothing, writes nothing to the
     cache, and its log says where the calibration came from), runs its stubs in that directory (no
     archive to unpack), finds at start the bits the exporter recorded, and answers the fixed request
     set with the committed golden bits."""
-    out = export_through_cli(tmp_path / "export", *INT8_FLAGS, "--environment", "directory")
+    out = directory_export
     assert not (out / ENV_ARCHIVE).exists() and (out / ENV_DIRECTORY / "bin" / "activate").is_file()
     assert json.loads((out / MANIFEST).read_text())["options"]["environment"] == "directory"
     for model in ("prism_tokenizer", "prism_decision", "prism_postprocess"):
@@ -271,3 +279,24 @@ def test_prism_serve_takes_an_exported_repository_as_it_is(tmp_path):
     done = subprocess.run([sys.executable, "-m", "prism_launcher.cli", "serve", "--repository", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "holds no Prism model repository" in done.stderr
+
+
+def test_a_server_on_the_avx2_path_serves_the_bits_recorded_on_this_machine(directory_export, tmp_path):
+    """Another CPU kind in the fleet: the export recorded its bits on the path this process runs on (the
+    native one, unless the whole suite is forced onto AVX2); a bare server forced onto the AVX2 path
+    (kernels/cpu/features.py's AVX2_ENVIRONMENT: Prism's kernels, torch's dispatch, MKL's generic branch)
+    checks itself against them at start and answers with the golden bits."""
+    forced = tuple(f"{k}={v}" for k, v in AVX2_ENVIRONMENT.items())
+    triton = BareTriton(directory_export, tmp_path, (*forced, f"PRISM_CALIBRATION_CACHE={tmp_path / 'cache'}"))
+    try:
+        triton.wait_ready()
+        with PrismClient(f"localhost:{triton.http_port}", "http") as client:
+            digests = [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
+                       for r in CHECK_REQUESTS]
+        log = triton.log.read_text()
+    finally:
+        triton.stop()
+    assert log.count("thread counts, equal to the bits recorded at export") == 2, log_summary(log)
+    routes = re.findall(r"exact-product routes: ([^;]*);", log)  # each instance's, e.g. "2+2 576x960 int16, ..."
+    assert len(routes) == 2 and all("int16" in r and "vnni" not in r and "amx" not in r for r in routes), routes
+    assert digests == json.loads(GOLDEN_DECISIONS_PATH.read_text())["int8"]
