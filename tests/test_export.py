@@ -200,6 +200,14 @@ def test_two_exports_are_identical(int8_exports):
     assert "count: 2" in decision and 'key: "precision" value: { string_value: "int8" }' in decision
 
 
+def check_request_digests(http_port: int) -> list[str]:
+    """The digests of the fixed request set (CHECK_REQUESTS) as the server answers them: the golden
+    int8 digests for a faithful server."""
+    with PrismClient(f"localhost:{http_port}", "http") as client:
+        return [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
+                for r in CHECK_REQUESTS]
+
+
 def stub_python_homes(server_pid: int) -> list[str]:
     """PYTHONHOME of each Python-backend stub the server started (the environment's `activate` sets
     it to the folder it runs from: the exported directory, or where the backend unpacked an archive)."""
@@ -240,9 +248,7 @@ def test_an_int8_export_starts_without_calibrating_or_unpacking_and_serves_the_g
     try:
         triton.wait_ready()
         homes = stub_python_homes(triton.process.pid)  # tokenizer, 2 decision instances, postprocess
-        with PrismClient(f"localhost:{triton.http_port}", "http") as client:
-            digests = [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
-                       for r in CHECK_REQUESTS]
+        digests = check_request_digests(triton.http_port)
         log = triton.log.read_text()
     finally:
         triton.stop()
@@ -290,9 +296,7 @@ def test_a_server_on_the_avx2_path_serves_the_bits_recorded_on_this_machine(dire
     triton = BareTriton(directory_export, tmp_path, (*forced, f"PRISM_CALIBRATION_CACHE={tmp_path / 'cache'}"))
     try:
         triton.wait_ready()
-        with PrismClient(f"localhost:{triton.http_port}", "http") as client:
-            digests = [digest([d.probability_array() for d in client.decide(r["material"], r["tasks"])])
-                       for r in CHECK_REQUESTS]
+        digests = check_request_digests(triton.http_port)
         log = triton.log.read_text()
     finally:
         triton.stop()
