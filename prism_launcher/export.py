@@ -27,7 +27,6 @@ loads only the folders at the top, so the two files there are never taken for mo
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -39,7 +38,7 @@ from pathlib import Path
 import kernels
 from kernels.cpu import exact_gemm
 from prism_backend.config import ConfigError, EngineConfig
-from prism_backend.engine.calibration import record_exported_bits, ship
+from prism_backend.engine.calibration import file_sha256, record_exported_bits, ship
 from prism_backend.serving.decision_step import DecisionStep
 from prism_backend.serving.steps import model_parameters
 
@@ -51,10 +50,10 @@ MANIFEST = "prism_export.json"
 ENV_ARCHIVE = "prism_env.tar.gz"
 DECISION_MODEL = ENGINE_MODELS[1]  # prism_decision: the model whose build reads the calibration
 CHECKPOINT = Path(DECISION_MODEL) / "checkpoint"
-# How the execution environment is exported: one archive, which the Python backend unpacks into /tmp on
-# every server start (and deletes on every stop), or that archive unpacked once, here, and used in place
-# (a folder inside a model that is not a version number is no model: Triton passes it over)
-ENVIRONMENTS = EXPORT_ENVIRONMENTS
+# How the execution environment is exported (EXPORT_ENVIRONMENTS): one archive, which the Python backend
+# unpacks into /tmp on every server start (and deletes on every stop), or that archive unpacked once,
+# here, into ENV_DIRECTORY and used in place (a folder inside a model that is not a version number is
+# no model: Triton passes it over)
 ENV_DIRECTORY = Path(DECISION_MODEL) / "python_env"
 # What the model.py files import, besides the environment (prism_client: the engine's self-check
 # digests with prism_client/determinism.py, a leaf module of numpy alone)
@@ -74,11 +73,11 @@ def export_options(options: ServerOptions) -> ServerOptions:
 def export_repository(options: ServerOptions, out: Path, env_cache: Path | None = None, log=print,
                       environment: str = "archive") -> Path:
     """Write the self-contained repository to `out` (which must not exist yet) and return it.
-    environment: one of ENVIRONMENTS."""
+    environment: one of EXPORT_ENVIRONMENTS."""
     options = export_options(options)
     options.validate()
-    if environment not in ENVIRONMENTS:
-        raise ConfigError(f"environment must be one of {', '.join(ENVIRONMENTS)}, not {environment!r}")
+    if environment not in EXPORT_ENVIRONMENTS:
+        raise ConfigError(f"environment must be one of {', '.join(EXPORT_ENVIRONMENTS)}, not {environment!r}")
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} already exists; export into a new folder")
@@ -193,8 +192,9 @@ def manifest(options: ServerOptions, repository: Path, environment: str = "archi
         "prism_files_modified_since_commit": bool(_git(["status", "--porcelain", "--untracked-files=no"])),
         "checkpoint": {
             "source": Path(options.model_dir).name,
-            "sha256": {str(p.relative_to(checkpoint)): _sha256(p)
-                       for p in sorted(checkpoint.rglob("*")) if p.is_file()},  # prism-calibration/ too
+            # prism-calibration/ too; the weights' hashes are ship()'s, not computed again
+            "sha256": {str(p.relative_to(checkpoint)): file_sha256(p)
+                       for p in sorted(checkpoint.rglob("*")) if p.is_file()},
         },
         "options": {"precision": options.precision, "instances": options.instances, "tp": options.tp,
                     "max_batch_size": options.max_batch_size, "parameters": options.extra_parameters,
@@ -208,11 +208,3 @@ def _git(args: list[str]) -> str | None:
     """Output of a git command in the checkout, or None where Prism was installed without one."""
     done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

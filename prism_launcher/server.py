@@ -36,7 +36,7 @@ PARAMETER_KEYS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | s
 STUB_DEATH_GRACE_S = 1.0  # a dead stub whose server exits within this was killed with it
 READY_TIMEOUT_S = 300.0  # a cold start loads, quantises and self-checks the model in every instance
 ENGINE_MODELS = ("prism_tokenizer", "prism_decision")  # the steps that read model_dir
-# How `prism export-repository` writes the models' Python environment (export.py: ENVIRONMENTS says why)
+# How `prism export-repository` writes the models' Python environment (export.py, ENV_DIRECTORY, says why)
 EXPORT_ENVIRONMENTS = ("archive", "directory")
 LOOPBACK = "127.0.0.1"
 # Every config.pbtxt of the repository is complete, so Triton need not ask the Python backend to fill

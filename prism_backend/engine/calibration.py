@@ -462,10 +462,10 @@ def _shipped_manifest(model_dir: Path) -> tuple[dict | None, str]:
     """(the shipped manifest where it belongs to this code and these weights, else None; and why not)."""
     try:
         manifest = json.loads((Path(model_dir) / SHIPPED / SHIPPED_MANIFEST).read_text())
+        if not isinstance(manifest["files"], dict):
+            return None, "the shipped manifest is unreadable"
         if manifest["code"] != _code_key(model_dir) or not _same_weights(model_dir, manifest["weights"]):
             return None, "shipped for other code or other weights"
-        if not isinstance(manifest["files"], dict):
-            raise TypeError
         return manifest, ""
     except FileNotFoundError:
         return None, "no calibration shipped"
@@ -512,8 +512,7 @@ def exported_bits(config: EngineConfig) -> tuple[list[str] | None, str]:
 
 def _weight_record(path: Path) -> dict:
     stat = path.stat()
-    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "sha256": _sha256(path, stat.st_size, stat.st_mtime_ns)}
+    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
 
 
 def _same_weights(model_dir: Path, shipped: dict) -> bool:
@@ -526,16 +525,22 @@ def _same_weights(model_dir: Path, shipped: dict) -> bool:
         recorded, stat = shipped[path.name], path.stat()
         if stat.st_size != recorded["bytes"]:
             return False
-        moved = stat.st_mtime_ns != recorded["mtime_ns"]
-        if moved and _sha256(path, stat.st_size, stat.st_mtime_ns) != recorded["sha256"]:
+        if stat.st_mtime_ns != recorded["mtime_ns"] and file_sha256(path) != recorded["sha256"]:
             return False
     return True
 
 
+def file_sha256(path: Path) -> str:
+    """The file's sha256, hashed once per process while its size and time stay the same: a build's
+    second look at an unchanged file (GPTQ's entry, then the rows'), or an export's manifest after
+    ship(), reads the first one's answer."""
+    stat = Path(path).stat()
+    return _sha256(Path(path), stat.st_size, stat.st_mtime_ns)
+
+
 @functools.lru_cache(maxsize=64)
 def _sha256(path: Path, size: int, mtime_ns: int) -> str:
-    """The file's sha256; its size and time in the arguments key the memo, so a build's second look
-    at an unchanged file (GPTQ's entry, then the rows') reads the first one's answer."""
+    """file_sha256's memo: size and time are part of the key, not read here."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

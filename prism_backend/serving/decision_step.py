@@ -28,6 +28,7 @@ class DecisionStep:
         self.engine = DecisionEngine(self.config, share_weights_with)
         self.self_check_ok, self.self_check_problems = None, []
         self.export_check = "not run"  # the self-check against the bits recorded at export (_self_check)
+        self.self_check_digests = None  # the self-check's requests, scored alone: their digests (_self_check)
         try:
             if self_check:
                 self.self_check_problems = self._self_check()
