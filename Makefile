@@ -5,6 +5,8 @@ VENV := .venv
 # vLLM's CPU build and llama.cpp (llama-cpp-python, built from source), for `make bench` only
 VLLM_VENV := .venv-vllm
 LLAMA_VENV := .venv-llama
+# llama.cpp without AVX-512, for `make bench-forced-avx2`
+LLAMA_AVX2_VENV := .venv-llama-avx2
 GGUF := .run/SmolLM2-135M-Instruct-Q8_0.gguf
 # llm-compressor (its own virtualenv) makes the W8A8 checkpoint vLLM's int8 path serves
 LLMC_VENV := .venv-llmc
@@ -13,7 +15,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR := .models/SmolLM2-135M-Instruct
 ARGS ?=
 
-.PHONY: setup serve export-repository test eval bench clean
+.PHONY: setup serve export-repository test eval bench bench-forced-avx2 clean
 setup: $(VENV)/.deps-installed $(VENV)/.debian-packages $(MODEL_DIR)/.prism-converted
 
 $(PY):
@@ -64,6 +66,18 @@ bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)
 	$(PY) bench/side_by_side.py $(ARGS)
 	$(PY) bench/cache_bench.py
 
+# The AVX2 kind's stand-in on an AVX-512 machine: every engine forced onto its AVX2 build or path
+# (bench/forced_avx2.py), the side by side only, against the AVX2 kind's targets.
+bench-forced-avx2: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_AVX2_VENV)/.deps-installed $(GGUF)
+	$(PY) bench/side_by_side.py --force-avx2 $(ARGS)
+
+$(LLAMA_AVX2_VENV)/.deps-installed:
+	$(PYTHON) -m venv $(LLAMA_AVX2_VENV)
+	CMAKE_ARGS="$(LLAMA_AVX2_ISA)" \
+		$(LLAMA_AVX2_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
+		llama-cpp-python==0.3.36 numpy psutil
+	touch $@
+
 # llama.cpp compiled for this CPU's vector instructions, and the checkpoint as GGUF Q8_0 by llama.cpp's converter.
 # --no-cache-dir: a wheel pip kept from another machine's build may use instructions this CPU lacks.
 # GGML_NATIVE=OFF with the instruction sets named from /proc/cpuinfo: on an Intel Xeon with AMX,
@@ -74,6 +88,7 @@ LLAMA_ISA := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML
 	$(shell grep -qw avx512f /proc/cpuinfo && echo -DGGML_AVX512=ON) \
 	$(shell grep -qw avx512_vnni /proc/cpuinfo && echo -DGGML_AVX512_VNNI=ON) \
 	$(shell grep -qw avx512_bf16 /proc/cpuinfo && echo -DGGML_AVX512_BF16=ON)
+LLAMA_AVX2_ISA := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 $(LLAMA_VENV)/.deps-installed:
 	$(PYTHON) -m venv $(LLAMA_VENV)
 	CMAKE_ARGS="$(LLAMA_ISA)" \

@@ -1,5 +1,6 @@
 """Times llama.cpp (llama-cpp-python, GGUF Q8_0) on prompts given as token ids; runs inside its own
-virtualenv (LLAMA_PYTHON, `.venv-llama`, which `make bench` builds).
+virtualenv (LLAMA_PYTHON, `.venv-llama`, which `make bench` builds; `.venv-llama-avx2`, without
+AVX-512, under `make bench-forced-avx2`).
 
     .venv-llama/bin/python bench/llama_cpp_driver.py IN.json OUT.json
     .venv/bin/python bench/llama_cpp_driver.py --convert MODEL_DIR OUT.gguf   (what `make bench` runs)
@@ -30,7 +31,9 @@ from pathlib import Path
 from driver_io import DriverSession, driver_calls, run_driver
 
 ROOT = Path(__file__).resolve().parent.parent
-LLAMA_PYTHON = ROOT / ".venv-llama" / "bin" / "python"
+# llama.cpp built for this CPU's instructions (`make bench`), or without AVX-512 where an AVX-512 machine
+# is forced onto the AVX2 path (`make bench-forced-avx2`: bench/forced_avx2.py)
+LLAMA_PYTHON = ROOT / (".venv-llama-avx2" if os.environ.get("PRISM_CPU_ISA") == "avx2" else ".venv-llama") / "bin" / "python"
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the Makefile's .venv-llama installs the same
 DEFAULT_GGUF = ROOT / ".run" / "SmolLM2-135M-Instruct-Q8_0.gguf"
 

@@ -347,3 +347,46 @@ def test_the_forward_profile_counts_the_time_outside_the_kernel_library():
             setattr(lib, name, fn)
     assert 30 <= ms[forward_profile.OUTSIDE] < ms["total"]
     assert ms["forest, scoring, rest"] == ms["total"]  # no step was timed; the outside row is not one
+
+
+def _probe_in_child(env_extra: dict, code: str) -> str:
+    """stdout of `code` run by this interpreter in a child with bench/avx2_site first on PYTHONPATH."""
+    import os
+    import subprocess
+    import sys
+
+    import forced_avx2
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PRISM_CPU_ISA", "PYTHONPATH")}
+    env.update(env_extra, PYTHONPATH=str(forced_avx2.SITE))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_forced_avx2_site_makes_torch_probes_answer_as_an_avx2_cpu():
+    """vLLM picks its kernel library and attention by torch.cpu's probes; under PRISM_CPU_ISA=avx2 the
+    stand-in's sitecustomize replaces each with one saying False, also when torch's spec was asked for
+    before the import (as vLLM's dependencies do), and leaves them alone without the variable."""
+    code = ("import importlib.util; importlib.util.find_spec('torch'); import torch, sitecustomize; "
+            "from sitecustomize import PROBES; "
+            "print(sitecustomize.__file__, *[getattr(torch.cpu, p).__module__ + ':' + str(getattr(torch.cpu, p)()) "
+            "for p in PROBES if hasattr(torch.cpu, p)])")
+    forced = _probe_in_child({"PRISM_CPU_ISA": "avx2"}, code).split()
+    assert forced[0].endswith("bench/avx2_site/sitecustomize.py")
+    assert len(forced) >= 4 and all(f == "sitecustomize:False" for f in forced[1:]), forced
+    native = _probe_in_child({}, code).split()
+    assert len(native) == len(forced) and all(f.startswith("torch") for f in native[1:]), native
+
+
+def test_forced_avx2_environment_and_llama_build():
+    """The stand-in caps Prism as the suite's forced AVX2 path does (kernels and torch's dispatch),
+    puts every exact product on the int16 route, and names llama.cpp's build without AVX-512."""
+    from forced_avx2 import SITE, STANDIN_ENVIRONMENT
+
+    from kernels.cpu.features import AVX2_ENVIRONMENT
+
+    for name in ("PRISM_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        assert STANDIN_ENVIRONMENT[name] == AVX2_ENVIRONMENT[name]
+    assert STANDIN_ENVIRONMENT["PRISM_EXACT_ROUTE"] == "int16"
+    code = f"import sys; sys.path.insert(0, {str(SITE.parent)!r}); import llama_cpp_driver; print(llama_cpp_driver.LLAMA_PYTHON)"
+    assert "/.venv-llama-avx2/" in _probe_in_child({"PRISM_CPU_ISA": "avx2"}, code)
+    assert "/.venv-llama/" in _probe_in_child({}, code)
