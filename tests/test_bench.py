@@ -390,3 +390,55 @@ def test_forced_avx2_environment_and_llama_build():
     code = f"import sys; sys.path.insert(0, {str(SITE.parent)!r}); import llama_cpp_driver; print(llama_cpp_driver.LLAMA_PYTHON)"
     assert "/.venv-llama-avx2/" in _probe_in_child({"PRISM_CPU_ISA": "avx2"}, code)
     assert "/.venv-llama/" in _probe_in_child({}, code)
+
+
+def _measurements(forced: bool) -> dict:
+    """A run's saved measurements (side_by_side.MEASUREMENTS) with made-up times: Prism 1 s everywhere,
+    vLLM with prefix caching 1.4 s on (a) and 1.17 s on (b), the rest 5 s."""
+    import argparse
+    from pathlib import Path
+
+    import side_by_side as sbs
+
+    workloads = {w: [None] * 3 for w in sbs.workload_makers((0.0, 0.5))}
+    labels = ["prism engine int8", "prism engine fp32", sbs.vllm_label("float32"), sbs.vllm_label("float32", False)]
+    times = {w: {e: [1.0] * 2 for e in labels} for w in workloads}
+    for w, t in zip(workloads, (1.4, 1.17, 5.0, 5.0)):
+        times[w][sbs.vllm_label("float32")] = [t] * 2
+        times[w][sbs.vllm_label("float32", False)] = [5.0] * 2
+        times[w]["prism engine fp32"] = [5.0] * 2
+    args = argparse.Namespace(eval_limit=1, model_dir=Path(sbs.DEFAULT_MODEL_DIR), force_avx2=forced, w8a8_dir=None)
+    accuracy = {"Prism int8 (default)": dict(decisions=3, accuracy=1.0, agreement=1.0, mean_err=0.001, max_err=0.002)}
+    inputs = (workloads, times, {}, {}, [1, 4, 8], {"int8": 800.0, "bf16": 400.0, "fp32": 200.0}, [0.0, 0.5], 2, 700,
+              {}, accuracy, {}, {}, {}, {}, {}, "float32")
+    return {"argv": ["bench/side_by_side.py"] + (["--force-avx2"] if forced else []), "args": vars(args), "inputs": inputs}
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_report_from_saved_measurements_reads_the_kinds_targets(forced, tmp_path, monkeypatch):
+    """`--report-from` writes the page again from a run's saved measurements; a run forced onto the AVX2
+    path writes its own page, says it is a stand-in and reads the AVX2 kind's targets (1.3x / 1.15x:
+    1.4x and 1.17x meet them), where a run on this machine's own path reads its kind's."""
+    import pickle
+    import sys
+
+    import side_by_side as sbs
+    import workloads as bench_workloads
+
+    from kernels.cpu.features import has_avx512_vnni
+
+    saved = tmp_path / "measurements.pkl"
+    saved.write_bytes(pickle.dumps(_measurements(forced)))
+    monkeypatch.setattr(bench_workloads, "RESULTS", tmp_path)
+    monkeypatch.setattr(sbs, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["side_by_side.py", "--report-from", str(saved)])
+    monkeypatch.setattr(sbs.forced_avx2, "reexec", lambda: None)  # the page only: no engine runs
+    sbs.main()
+    page = (tmp_path / ("side_by_side-forced-avx2.md" if forced else "side_by_side.md")).read_text()
+    assert ("stand-in for the AVX2 kind" in page) == forced
+    assert ("--force-avx2" in page.splitlines()[4]) == forced  # the run's command, not the rewrite's
+    goals = (1.3, 1.15) if forced or not has_avx512_vnni() else (1.5, 1.2)
+    met = ["yes", "yes"] if goals == (1.3, 1.15) else ["no", "no"]
+    rows = [line for line in page.splitlines() if "vs vLLM prefix caching on (phases)" in line]
+    assert [r.split("|")[3].strip() for r in rows] == [f">= {g}x" for g in goals]
+    assert [r.split("|")[4].strip() for r in rows] == met
