@@ -71,13 +71,6 @@ bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_VENV)
 bench-forced-avx2: setup $(VENV)/.bench-installed $(VLLM_VENV)/.deps-installed $(LLAMA_AVX2_VENV)/.deps-installed $(GGUF)
 	$(PY) bench/side_by_side.py --force-avx2 $(ARGS)
 
-$(LLAMA_AVX2_VENV)/.deps-installed:
-	$(PYTHON) -m venv $(LLAMA_AVX2_VENV)
-	CMAKE_ARGS="$(LLAMA_AVX2_ISA)" \
-		$(LLAMA_AVX2_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
-		llama-cpp-python==0.3.36 numpy psutil
-	touch $@
-
 # llama.cpp compiled for this CPU's vector instructions, and the checkpoint as GGUF Q8_0 by llama.cpp's converter.
 # --no-cache-dir: a wheel pip kept from another machine's build may use instructions this CPU lacks.
 # GGML_NATIVE=OFF with the instruction sets named from /proc/cpuinfo: on an Intel Xeon with AMX,
@@ -89,12 +82,17 @@ LLAMA_ISA := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML
 	$(shell grep -qw avx512_vnni /proc/cpuinfo && echo -DGGML_AVX512_VNNI=ON) \
 	$(shell grep -qw avx512_bf16 /proc/cpuinfo && echo -DGGML_AVX512_BF16=ON)
 LLAMA_AVX2_ISA := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-$(LLAMA_VENV)/.deps-installed:
-	$(PYTHON) -m venv $(LLAMA_VENV)
-	CMAKE_ARGS="$(LLAMA_ISA)" \
-		$(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
+# llama-cpp-python built into virtualenv $(1) with CMake flags $(2)
+define llama_venv
+	$(PYTHON) -m venv $(1)
+	CMAKE_ARGS="$(2)" $(1)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir \
 		llama-cpp-python==0.3.36 numpy psutil
-	touch $@
+	touch $(1)/.deps-installed
+endef
+$(LLAMA_VENV)/.deps-installed:
+	$(call llama_venv,$(LLAMA_VENV),$(LLAMA_ISA))
+$(LLAMA_AVX2_VENV)/.deps-installed:
+	$(call llama_venv,$(LLAMA_AVX2_VENV),$(LLAMA_AVX2_ISA))
 
 $(GGUF): $(MODEL_DIR)/.prism-converted
 	$(PY) bench/llama_cpp_driver.py --convert $(MODEL_DIR) $@
