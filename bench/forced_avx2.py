@@ -22,12 +22,13 @@ import sys
 from pathlib import Path
 
 from kernels.cpu.features import AVX2_ENVIRONMENT, ISA_VARIABLE, cpu_has_avx512_itself
+from prism_backend.model.exact_matmul import ROUTE_VARIABLE
 
 SITE = Path(__file__).resolve().parent / "avx2_site"
 STANDIN_ENVIRONMENT = {
     ISA_VARIABLE: AVX2_ENVIRONMENT[ISA_VARIABLE],
     "ATEN_CPU_CAPABILITY": AVX2_ENVIRONMENT["ATEN_CPU_CAPABILITY"],
-    "PRISM_EXACT_ROUTE": "int16",
+    ROUTE_VARIABLE: "int16",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
 }

@@ -490,8 +490,10 @@ def main() -> None:
             times[w][label] = timed(pipeline.decide_many, bs)
         forest_tokens = pipeline.decide_many(next(iter(workloads.values()))[0])[1].tokens_computed  # (a)
         del pipeline
-    for label, hf_dtype in (("HF generic fp32", torch.float32), ("HF generic bf16", torch.bfloat16))[
-            :1 if args.force_avx2 else 2]:
+    hf_dtypes = {"HF generic fp32": torch.float32}
+    if not args.force_avx2:  # bf16 is emulated on the AVX2 path, and no target's peer
+        hf_dtypes["HF generic bf16"] = torch.bfloat16
+    for label, hf_dtype in hf_dtypes.items():
         print(label, flush=True)
         ref = HFReference(args.model_dir, hf_dtype)
         for w in workloads:
