@@ -442,3 +442,31 @@ def test_report_from_saved_measurements_reads_the_kinds_targets(forced, tmp_path
     rows = [line for line in page.splitlines() if "vs vLLM prefix caching on (phases)" in line]
     assert [r.split("|")[3].strip() for r in rows] == [f">= {g}x" for g in goals]
     assert [r.split("|")[4].strip() for r in rows] == met
+
+
+def test_forced_avx2_reexec_runs_the_script_again_under_the_stand_in(tmp_path):
+    """`--force-avx2` starts the script again with the stand-in's environment and its sitecustomize
+    first on PYTHONPATH (on an AVX-512 CPU), and refuses on a CPU without AVX-512, the AVX2 kind itself."""
+    import os
+    import subprocess
+    import sys
+
+    from forced_avx2 import SITE, STANDIN_ENVIRONMENT
+
+    from kernels.cpu.features import cpu_has_avx512_itself
+
+    code = (f"import sys; sys.path.insert(0, {str(SITE.parent)!r}); import os, forced_avx2; forced_avx2.reexec(); "
+            "import json; print(json.dumps({k: os.environ.get(k) for k in forced_avx2.STANDIN_ENVIRONMENT}), "
+            "os.environ['PYTHONPATH'].split(os.pathsep)[0], forced_avx2.active())")
+    env = {k: v for k, v in os.environ.items() if k not in STANDIN_ENVIRONMENT}
+    script = tmp_path / "script.py"  # reexec starts sys.argv again: a script, as side_by_side.py is
+    script.write_text(code)
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    if cpu_has_avx512_itself():
+        assert run.returncode == 0, run.stderr
+        import json
+
+        given, site, active = run.stdout.rsplit(" ", 2)
+        assert json.loads(given) == STANDIN_ENVIRONMENT and site == str(SITE) and active.strip() == "True"
+    else:
+        assert run.returncode != 0 and "this CPU has no AVX-512" in run.stderr
