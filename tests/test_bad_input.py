@@ -47,11 +47,23 @@ BAD = {
     "wrong shape": ([text("material", ["a", "b"]), text("tasks", ["team"])], "shape"),
 }
 
+# Bodies tritonserver's HTTP frontend refuses before any model sees them, with a message naming the
+# problem. Triton 2.51 answers them with HTTP 500, though they are the caller's error: its JSON helpers
+# report INTERNAL (triton-inference-server/server#8762; docs/serving.md, "Hardened inputs").
+UNPARSEABLE = {
+    "body not JSON": (b'{"inputs": [', "failed to parse the request JSON buffer"),
+    "no inputs member": (b"{}", "Unable to parse 'inputs'"),
+    "inputs not a list": (b'{"inputs": 5}', "Unable to parse 'inputs'"),
+}
+
 
 def post(server, inputs):
+    return post_body(server, json.dumps({"inputs": inputs}).encode())
+
+
+def post_body(server, body: bytes):
     url = f"http://localhost:{server.options.http_port}/v2/models/prism/infer"
-    request = urllib.request.Request(url, json.dumps({"inputs": inputs}).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=300) as r:
             return r.status, r.read().decode()
@@ -84,6 +96,18 @@ def test_bad_requests_fail_alone_while_good_ones_succeed(server):
             assert code == 200, body
             decisions = [json.loads(x) for x in json.loads(body)["outputs"][0]["data"]]
             assert [d["task"] for d in decisions] == ["team", "severity"]
+    assert PrismClient(f"localhost:{server.options.http_port}").is_ready()
+
+
+def test_an_unparseable_body_fails_alone_while_good_requests_succeed(server):
+    with ThreadPoolExecutor(6) as pool:
+        bad = {name: pool.submit(post_body, server, body) for name, (body, _) in UNPARSEABLE.items()}
+        good = [pool.submit(post, server, GOOD) for _ in range(3)]
+        for name, future in bad.items():
+            code, body = future.result()
+            assert code in (400, 500), (name, code, body)
+            assert UNPARSEABLE[name][1] in json.loads(body)["error"], (name, body)
+        assert [future.result()[0] for future in good] == [200] * 3
     assert PrismClient(f"localhost:{server.options.http_port}").is_ready()
 
 
