@@ -1,4 +1,4 @@
-"""The `prism` command line: the launcher's commands (setup, serve, export-repository, k8s, bench)
+"""The `prism` command line: the launcher's commands (setup, serve, export-repository, k8s, cache, bench)
 and the client's (decide, determinism-check, health: prism_client/cli.py).
 
 The client's commands only talk HTTP/gRPC: `main` hands them to prism_client before anything of the
@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument("--namespace", default="default")
     k8s.set_defaults(func=cmd_k8s)
 
+    cache = sub.add_parser("cache", help="Prism's caches on this machine (calibration, exported environments): "
+                                         "size against limit, entries by last use")
+    cache.add_argument("--evict", action="store_true",
+                       help="apply the limits now (e.g. after lowering PRISM_CALIBRATION_CACHE_LIMIT)")
+    cache.set_defaults(func=cmd_cache)
+
     bench = sub.add_parser("bench", help="Prism vs vLLM vs Hugging Face side by side (bench/side_by_side.py)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed on, e.g. --repeats 5 --quick")
     bench.set_defaults(func=cmd_bench)
@@ -221,6 +227,36 @@ def cmd_k8s(args) -> int:
     from .kubernetes import manifest
 
     sys.stdout.write(manifest(args.replicas, args.image, args.namespace))
+    return 0
+
+
+def cmd_cache(args) -> int:
+    """Each user cache: its folder, size and limit, and its entries, least recently used first
+    (the first to go); with --evict the limits applied first."""
+    from prism_backend import cache_eviction
+    from prism_backend.engine import calibration
+
+    from . import execution_env
+
+    caches = [("calibration", calibration.cache_dir(), calibration.entry_key,
+               calibration.LIMIT_VARIABLE, calibration.DEFAULT_LIMIT),
+              ("execution environments", execution_env.default_cache_dir(), execution_env.archive_key,
+               execution_env.LIMIT_VARIABLE, execution_env.DEFAULT_LIMIT)]
+    for name, folder, key_of, variable, default in caches:
+        if folder is None:
+            print(f"{name}: off")
+            continue
+        max_bytes = cache_eviction.limit(variable, default)
+        if args.evict:
+            for key in cache_eviction.evict(folder, max_bytes, key_of):
+                print(f"prism: removed the {name} entry {key}")
+        found = cache_eviction.entries(folder, key_of)
+        limit = "no limit" if max_bytes is None else f"limit {max_bytes / 2**30:.2f} GiB"
+        print(f"{name}: {folder}: {sum(e.bytes for e in found) / 2**30:.2f} GiB in {len(found)} "
+              f"entries, {limit} ({variable})")
+        for entry in found:
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_use_ns / 1e9))
+            print(f"  {entry.key}  {entry.bytes / 2**20:8.1f} MiB  last used {used}")
     return 0
 
 

@@ -14,7 +14,9 @@ the project's machines (PyPI only); venv-pack's archives hold no interpreter (a 
 its base Python by absolute path). So this module builds the installation itself, from the running
 interpreter's (an --enable-shared CPython) plus `pip install --prefix` of the runtime dependencies
 pinned to the versions installed here, and packs it with fixed metadata. Building takes minutes and
-a few GB, so the archive is cached by a key over everything that goes into it.
+a few GB, so the archive is cached by a key over everything that goes into it; the least recently
+used archives go while the cache holds more than PRISM_ENV_CACHE_LIMIT (default 5G;
+prism_backend/cache_eviction.py), and every export that finds its archive counts as a use.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from prism_backend import cache_eviction
 from prism_backend.config import ConfigError
 from prism_backend.paths import user_cache_dir
 
@@ -96,6 +99,17 @@ def environment_key(model_environment: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
+LIMIT_VARIABLE, DEFAULT_LIMIT = "PRISM_ENV_CACHE_LIMIT", "5G"  # the cache's size (cache_eviction.py)
+# packed_environment()'s names, and their use markers
+ARCHIVE = re.compile(rf"\.?(prism-env-py[0-9.]+-[0-9a-f]{{16}}\.tar\.gz)(?:{re.escape(cache_eviction.USED_SUFFIX)})?")
+
+
+def archive_key(name: str) -> str | None:
+    """An archive of the cache and its use marker are one entry, keyed by the archive's name; None for any other file."""
+    match = ARCHIVE.fullmatch(name)
+    return match.group(1) if match else None
+
+
 def default_cache_dir() -> Path:
     """Outside the checkout, so fresh clones (CI) on the same machine reuse the archive."""
     return user_cache_dir("execution-envs", "PRISM_ENV_CACHE") or Path(tempfile.gettempdir()) / "prism-execution-envs"
@@ -105,7 +119,9 @@ def packed_environment(model_environment: dict[str, str], cache_dir: Path | None
     """The cached archive for this interpreter and these packages; built first if missing."""
     cache_dir = Path(cache_dir or default_cache_dir())
     archive = cache_dir / f"prism-env-py{python_version()}-{environment_key(model_environment)}.tar.gz"
+    max_bytes = cache_eviction.limit(LIMIT_VARIABLE, DEFAULT_LIMIT)  # a bad limit fails before building
     if archive.exists():
+        cache_eviction.mark_used(archive)
         return archive
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="build-", dir=cache_dir) as build:
@@ -116,6 +132,7 @@ def packed_environment(model_environment: dict[str, str], cache_dir: Path | None
         partial = Path(build) / archive.name
         pack(prefix, partial)
         partial.rename(archive)  # atomic: a half-written archive is never found in the cache
+    cache_eviction.evict(cache_dir, max_bytes, archive_key, keep=archive.name)
     return archive
 
 

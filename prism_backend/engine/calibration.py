@@ -30,7 +30,9 @@ load, instance, tensor-parallel rank 0 and healed stub builds one.
 Where: PRISM_CALIBRATION_CACHE if set ("off" disables the cache), else $XDG_CACHE_HOME/prism/
 calibration or ~/.cache/prism/calibration; a folder that cannot be written is skipped silently
 (the statistics are then computed, as without a cache). Files are written to a temporary name and
-renamed, so instances starting together never read a partial file.
+renamed, so instances starting together never read a partial file. Each key's files are one entry;
+after every store the least recently used entries go while the folder holds more than
+PRISM_CALIBRATION_CACHE_LIMIT (default 10G; cache_eviction.py), and every hit counts as a use.
 
 The shipped calibration: a checkpoint folder may carry its own, in `prism-calibration/` (written by
 `prism export-repository`, ship()), which every build of that checkpoint reads before the cache above.
@@ -49,6 +51,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +59,7 @@ import torch
 
 import prism_backend
 
+from .. import cache_eviction
 from ..config import EngineConfig
 from ..forest import EncodedRequest
 from ..model.exact_matmul import timings_forgotten
@@ -182,12 +186,16 @@ def _integers_from_tensors(tensors: dict[str, torch.Tensor]) -> list[dict]:
 PACKAGE_ROOT = Path(prism_backend.__file__).resolve().parent
 OFF = "off"
 SMOOTHING, GPTQ, ROWS = "", "-gptq", "-rows"  # what an entry holds, as its file name's suffix
+LIMIT_VARIABLE, DEFAULT_LIMIT = "PRISM_CALIBRATION_CACHE_LIMIT", "10G"  # the cache's size (cache_eviction.py)
+KEY_LENGTH = 32  # hex digits of cache_key(), the first part of every file of an entry
+ENTRY_FILE = re.compile(rf"\.?([0-9a-f]{{{KEY_LENGTH}}})(?:{GPTQ}|{ROWS})?\.safetensors")  # +.lock, +.<pid>
 
 
 def cache_dir() -> Path | None:
     """The folder of stored statistics, or None when PRISM_CALIBRATION_CACHE=off."""
     if os.environ.get("PRISM_CALIBRATION_CACHE", "") == OFF:
         return None
+    cache_eviction.limit(LIMIT_VARIABLE, DEFAULT_LIMIT)  # a bad limit fails the build now, not after calibrating
     return user_cache_dir("calibration", "PRISM_CALIBRATION_CACHE")
 
 
@@ -226,7 +234,7 @@ def cache_key(model_dir: Path) -> str:
         "weights": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in _weight_files(model_dir)],
         "cpu": torch.backends.cpu.get_cpu_capability(),
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:KEY_LENGTH]
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -287,7 +295,9 @@ def mapped_rows(model_dir: Path, make: Callable[[], dict[str, torch.Tensor]],
     path = entry(model_dir, ROWS)
     mapped = _mapped(path)
     _SOURCES[ROWS] = CACHED_SOURCE
-    if not _holds_rows(mapped, shape):
+    if _holds_rows(mapped, shape):
+        cache_eviction.mark_used(path)
+    else:
         _SOURCES[ROWS] = "computed"
         rows = make()
         if store(path, rows, raw=True) is None:
@@ -327,7 +337,9 @@ def _load_or_compute(model_dir: Path, kind: str, compute: Callable[[], object], 
     stored = entry(model_dir, kind)
     found = load(stored, raw=raw)
     _SOURCES[kind] = CACHED_SOURCE
-    if found is None:
+    if found is not None:
+        cache_eviction.mark_used(stored)
+    else:
         with one_at_a_time(stored):
             found = load(stored, raw=raw)  # another build may have stored it while this one waited
             if found is None:
@@ -378,7 +390,16 @@ def store(path: Path | None, stats, raw: bool = False) -> Path | None:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
         return None
+    cache_eviction.evict(path.parent, cache_eviction.limit(LIMIT_VARIABLE, DEFAULT_LIMIT), entry_key,
+                         keep=entry_key(path.name))
     return path
+
+
+def entry_key(name: str) -> str | None:
+    """The cache key a file of the cache belongs to (its entry's stored kinds, their locks and
+    partial files), or None for a file that is not the cache's."""
+    match = ENTRY_FILE.match(name)
+    return match.group(1) if match else None
 
 
 # ---- the shipped calibration ---------------------------------------------------------------------
