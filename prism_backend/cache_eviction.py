@@ -9,12 +9,13 @@ after every store: whole entries are removed, oldest use first, until the folder
 
 An entry is every file whose name carries its key (a calibration's kinds with their lock, partial
 and use-marker files). Its last use is the newest modification time among its files, and a hit
-refreshes it by touching a marker beside the file found (mark_used; not the file itself, which may
-be hard-linked into an exported repository, where Triton's Python backend reads a new modification
-time of its environment archive as a new archive): the entry a fleet starts from every day stays. Never removed: the entry just stored
-(`keep`), and an entry whose lock a build holds, which is computing it now. An entry a running
-server still maps (the rotated rows) stays readable to it after its removal (the pages live until
-unmapped); a build that looks for it afterwards computes it again -- the same bits, later.
+refreshes it by touching a marker beside the file found (mark_used), not the file itself: that may
+be hard-linked into an exported repository, where Triton's Python backend takes a new modification
+time of its environment archive for a new archive. So the entry a fleet starts from every day stays.
+Never removed: the entry just stored (`keep`), and an entry whose lock a build holds, which is
+computing it now. An entry a running server still maps (the rotated rows) stays readable to it
+after its removal (the pages live until unmapped); a build that looks for it afterwards computes it
+again -- the same bits, later.
 """
 from __future__ import annotations
 
