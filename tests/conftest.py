@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import shutil
+import zlib
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,9 @@ def tiny_model_dir(tmp_path_factory, model_dir):
     def make(arch: str) -> Path:
         if arch not in made:
             out = tmp_path_factory.mktemp(f"tiny-{arch}")
-            torch.manual_seed(len(made) + 1)
+            # seeded by the architecture, not by how many came before: a test gets the same
+            # weights whether it runs alone or after others (a tolerance measured alone holds in the suite)
+            torch.manual_seed(zlib.crc32(arch.encode()))
             vocab = 49152  # SmolLM2's tokenizer
             model = AutoModelForCausalLM.from_config(_tiny_config(arch, vocab), dtype=torch.float32)
             if getattr(model.config, "attention_bias", False) or arch == "qwen2":

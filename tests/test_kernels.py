@@ -269,13 +269,13 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
                 {"material": "Login fails.", "tasks": ["reply_time"]}]
     layers = 2
     # fp32: attention differs from the torch path only in float rounding. int8: those last bits
-    # can move an activation across a quantisation step, so the bound is wider (still 50x below
-    # int8's own error against fp32, ~1e-2; measured up to 1.06e-4 on this tiny model's integers since
-    # the rotary table's own cos and sin, 2026-12-05).
-    # int8 with the default plan, and with a plan whose down_proj has one activation pass on two weight passes:
-    # its 8-bit activations' steps are 1/127 of a row's maximum, so a last-bit difference upstream moves
-    # more when it flips one (measured 7.9e-4 here; the projection alone agrees to float rounding, 7e-8)
-    for precision, plan, atol in (("fp32", None, 1e-5), ("int8", None, 2e-4), ("int8", "qkv,down:1+2", 1.5e-3),
+    # can move an 8-bit activation across a quantisation step (1/127 of its row's maximum), on some
+    # random weights and not on others, so the bound is one such flip's reach: on this model's weights
+    # (seeded by its architecture) 5e-7 for the default plan, 6e-8 for down_proj's activations in 8
+    # bits on 13-bit weights, 5e-5 for exact; on other seeds' weights (when the seed followed the
+    # order tiny models were made in) 1.06e-4, 7.9e-4 and 1.2e-3 (2026-12-05 to 12-07) -- still
+    # several times below int8's own error against fp32, ~1e-2.
+    for precision, plan, atol in (("fp32", None, 1e-5), ("int8", None, 3e-3), ("int8", "qkv,down:1+2", 3e-3),
                                   ("exact", None, 2e-4)):
         results = {}
         for backend in ("torch", "triton"):
@@ -297,7 +297,7 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
         for torch_req, triton_req in zip(results["torch"], results["triton"]):
             for a, b in zip(torch_req, triton_req):
                 np.testing.assert_allclose(list(a["probabilities"].values()), list(b["probabilities"].values()),
-                                           atol=atol, rtol=0)
+                                           atol=atol, rtol=0, err_msg=f"precision {precision}, plan {plan}")
 
 
 def test_kernels_config_is_validated(tmp_path, monkeypatch):
