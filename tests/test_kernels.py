@@ -269,13 +269,12 @@ def test_engine_dispatches_to_the_kernels(tiny_model_dir, monkeypatch):
                 {"material": "Login fails.", "tasks": ["reply_time"]}]
     layers = 2
     # fp32: attention differs from the torch path only in float rounding. int8: those last bits
-    # can move an 8-bit activation across a quantisation step (1/127 of its row's maximum), on some
-    # random weights and not on others, so the bound is one such flip's reach: on this model's weights
-    # (seeded by its architecture) 5e-7 for the default plan, 6e-8 for down_proj's activations in 8
-    # bits on 13-bit weights, 5e-5 for exact; on other seeds' weights (when the seed followed the
-    # order tiny models were made in) 1.06e-4, 7.9e-4 and 1.2e-3 (2026-12-05 to 12-07) -- still
-    # several times below int8's own error against fp32, ~1e-2.
-    for precision, plan, atol in (("fp32", None, 1e-5), ("int8", None, 3e-3), ("int8", "qkv,down:1+2", 3e-3),
+    # can move an 8-bit activation across a quantisation step (1/127 of its row's maximum), so the
+    # bounds are wider; they hold for this model's weights, which its architecture seeds (conftest.py):
+    # measured 5e-7 for the default plan, 6e-8 for down_proj's activations in 8 bits on 13-bit weights,
+    # 5e-5 for exact (2026-12-08). Other random weights can flip a step: 1.2e-3 for the default plan
+    # when the seed followed the order the tiny models were made in.
+    for precision, plan, atol in (("fp32", None, 1e-5), ("int8", None, 2e-4), ("int8", "qkv,down:1+2", 1.5e-3),
                                   ("exact", None, 2e-4)):
         results = {}
         for backend in ("torch", "triton"):
