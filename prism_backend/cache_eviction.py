@@ -129,7 +129,7 @@ def _unless_locked(locks: list[Path]):
             try:
                 handle = open(lock, "a")
             except OSError:
-                continue  # gone already: nobody holds it
+                continue  # cannot be opened here (a read-only folder): this process cannot lock it
             held.append(handle)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
